@@ -1,0 +1,124 @@
+"""ModelGuard: run a method on a user's model and leave it exactly as it was found.
+
+Every method enters ``model_guard(model)`` before it touches the model. Inside, parameters do not
+require gradients (attributions need gradients with respect to activations only, which also spares
+the backward pass all weight-gradient products) and the model is in eval mode. On exit, normal or
+by exception, the guard restores: the set of hooks on every module (TransformerLens ``HookPoint``
+handles and raw PyTorch hooks added inside are removed, the user's own hooks stay), each
+parameter's ``requires_grad`` and ``.grad`` (the very tensor object it had, or ``None``), the
+training mode of every module, and every parameter's dtype and device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+)
+
+
+@dataclass
+class _Snapshot:
+    training: dict[str, bool]
+    requires_grad: dict[str, bool]
+    grads: dict[str, torch.Tensor | None]
+    dtypes: dict[str, torch.dtype]
+    devices: dict[str, torch.device]
+    hook_keys: dict[str, dict[str, set[int]]]
+    hookpoint_handles: dict[str, tuple[int, int]]
+
+
+def _snapshot(model: nn.Module) -> _Snapshot:
+    params = dict(model.named_parameters())
+    hook_keys: dict[str, dict[str, set[int]]] = {}
+    handles: dict[str, tuple[int, int]] = {}
+    for name, module in model.named_modules():
+        hook_keys[name] = {
+            attr: set(getattr(module, attr).keys()) for attr in _HOOK_DICTS if hasattr(module, attr)
+        }
+        if hasattr(module, "fwd_hooks") and hasattr(module, "bwd_hooks"):
+            handles[name] = (len(module.fwd_hooks), len(module.bwd_hooks))
+    return _Snapshot(
+        training={name: m.training for name, m in model.named_modules()},
+        requires_grad={n: p.requires_grad for n, p in params.items()},
+        grads={n: p.grad for n, p in params.items()},
+        dtypes={n: p.dtype for n, p in params.items()},
+        devices={n: p.device for n, p in params.items()},
+        hook_keys=hook_keys,
+        hookpoint_handles=handles,
+    )
+
+
+def _restore(model: nn.Module, snap: _Snapshot) -> None:
+    modules = dict(model.named_modules())
+    # Hooks: remove whatever was added inside the guard, keep the user's own.
+    for name, module in modules.items():
+        if name in snap.hookpoint_handles:
+            n_fwd, n_bwd = snap.hookpoint_handles[name]
+            for handle in module.fwd_hooks[n_fwd:]:
+                handle.hook.remove()
+            for handle in module.bwd_hooks[n_bwd:]:
+                handle.hook.remove()
+            del module.fwd_hooks[n_fwd:]
+            del module.bwd_hooks[n_bwd:]
+        before = snap.hook_keys.get(name, {})
+        for attr in _HOOK_DICTS:
+            if not hasattr(module, attr):
+                continue
+            hooks = getattr(module, attr)
+            for key in list(hooks.keys()):
+                if key not in before.get(attr, set()):
+                    del hooks[key]
+    for name, module in modules.items():
+        if name in snap.training:
+            module.training = snap.training[name]
+    for name, param in model.named_parameters():
+        if param.dtype != snap.dtypes[name] or param.device != snap.devices[name]:
+            param.data = param.data.to(device=snap.devices[name], dtype=snap.dtypes[name])
+        param.requires_grad_(snap.requires_grad[name])
+        param.grad = snap.grads[name]
+
+
+@contextmanager
+def model_guard(model: nn.Module, *, eval_mode: bool = True) -> Iterator[nn.Module]:
+    """Context in which methods may hook and back-propagate through ``model``.
+
+    Inside: parameters frozen (``requires_grad=False``), eval mode (unless ``eval_mode=False``).
+    On exit, even by exception: the model is restored exactly (see the module docstring).
+    """
+    snap = _snapshot(model)
+    try:
+        for param in model.parameters():
+            param.requires_grad_(False)
+        if eval_mode:
+            model.eval()
+        yield model
+    finally:
+        _restore(model, snap)
+
+
+def model_state_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """Everything the guard promises to restore, in a comparable form (used by tests)."""
+    snap = _snapshot(model)
+    return {
+        "training": snap.training,
+        "requires_grad": snap.requires_grad,
+        "grads": {n: (None if g is None else id(g)) for n, g in snap.grads.items()},
+        "dtypes": snap.dtypes,
+        "devices": snap.devices,
+        "hooks": {
+            n: {a: len(k) for a, k in d.items()} for n, d in snap.hook_keys.items()
+        },
+        "hookpoint_handles": snap.hookpoint_handles,
+    }

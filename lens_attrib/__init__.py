@@ -1,0 +1,28 @@
+"""lens_attrib: token- and head-level attributions for TransformerLens models.
+
+    from lens_attrib import load_model, attribute, Target
+    model = load_model("smollm2-135m")
+    attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
+                     method="grad_x_input")
+"""
+
+from lens_attrib.attribution import Attribution
+from lens_attrib.inputs import Batch, InputError, to_batch
+from lens_attrib.methods import METHOD_INFO, METHODS, attribute
+from lens_attrib.models import ModelError, load_model
+from lens_attrib.target import ResolvedTarget, Target, TargetError
+
+__all__ = [
+    "METHODS",
+    "METHOD_INFO",
+    "Attribution",
+    "Batch",
+    "InputError",
+    "ModelError",
+    "ResolvedTarget",
+    "Target",
+    "TargetError",
+    "attribute",
+    "load_model",
+    "to_batch",
+]

@@ -1,0 +1,166 @@
+"""Attribution: the result every method returns and every evaluation consumes."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lens_attrib.target import ResolvedTarget
+
+
+@dataclass
+class Attribution:
+    """Relevance of every input token (and optionally of every layer and head) for a Target.
+
+    scores:            ``[batch, pos]`` token relevances (zero at padding).
+    tokens:            string tokens per item (unpadded).
+    token_ids:         ``[batch, pos]`` padded token ids.
+    mask:              ``[batch, pos]`` True at real tokens.
+    target:            the resolved target (positions, token and foil ids).
+    method:            registered name of the method.
+    layer_scores:      optional ``[batch, layer, pos]`` per-layer token relevances (ALTI-Logit,
+                       LogAt/NormXLogit, Grad-ELLM per layer, …).
+    head_scores:       optional ``[batch, layer, head]`` per-head relevances.
+    head_token_scores: optional ``[batch, layer, head, pos]`` per-head-per-token relevances.
+    parts:             optional named non-token parts (e.g. ALTI-Logit's MLP contributions).
+    meta:              dtype, seconds, options, and method-specific facts.
+    """
+
+    scores: Float[Tensor, "batch pos"]
+    tokens: list[list[str]]
+    token_ids: Int[Tensor, "batch pos"]
+    mask: Bool[Tensor, "batch pos"]
+    target: ResolvedTarget
+    method: str
+    layer_scores: Float[Tensor, "batch layer pos"] | None = None
+    head_scores: Float[Tensor, "batch layer head"] | None = None
+    head_token_scores: Float[Tensor, "batch layer head pos"] | None = None
+    parts: dict[str, Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return int(self.scores.shape[0])
+
+    def __getitem__(self, index: int | slice | list[int] | Tensor) -> Attribution:
+        """Sub-batch (an int keeps a batch dimension of one)."""
+        if isinstance(index, int):
+            index = [index]
+        idx = torch.arange(len(self))[index]
+        if idx.ndim == 0:
+            idx = idx[None]
+
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[idx.to(t.device)]
+
+        return replace(
+            self,
+            scores=self.scores[idx],
+            tokens=[self.tokens[int(i)] for i in idx],
+            token_ids=self.token_ids[idx],
+            mask=self.mask[idx],
+            target=self.target.index(idx.to(self.target.positions.device)),
+            layer_scores=pick(self.layer_scores),
+            head_scores=pick(self.head_scores),
+            head_token_scores=pick(self.head_token_scores),
+            parts={k: v[idx.to(v.device)] for k, v in self.parts.items()},
+        )
+
+    def item_scores(self, item: int = 0) -> Float[Tensor, "pos"]:
+        """Scores of one item at its real tokens only."""
+        return self.scores[item][self.mask[item]]
+
+    def numpy(self, item: int | None = None) -> np.ndarray | list[np.ndarray]:
+        """Scores as numpy: one item's real-token scores, or a list over the batch."""
+        if item is not None:
+            return self.item_scores(item).detach().cpu().double().numpy()
+        return [self.item_scores(i).detach().cpu().double().numpy() for i in range(len(self))]
+
+    def top(self, k: int = 5, item: int = 0) -> list[tuple[int, str, float]]:
+        """The ``k`` most relevant real tokens of ``item``: (real position, token, score)."""
+        scores = self.item_scores(item).detach().cpu().double()
+        order = torch.argsort(scores, descending=True, stable=True)[:k]
+        return [(int(i), self.tokens[item][int(i)], float(scores[i])) for i in order]
+
+    def normalized(self) -> Attribution:
+        """Scores divided by the max |score| over real tokens of every item (for display)."""
+        masked = self.scores.abs().masked_fill(~self.mask.to(self.scores.device), 0.0)
+        denom = masked.amax(-1, keepdim=True).clamp_min(torch.finfo(self.scores.dtype).tiny)
+        return replace(self, scores=self.scores / denom)
+
+    def cpu(self) -> Attribution:
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().cpu()
+
+        return replace(
+            self,
+            scores=self.scores.detach().cpu(),
+            token_ids=self.token_ids.cpu(),
+            mask=self.mask.cpu(),
+            target=self.target.to("cpu"),
+            layer_scores=move(self.layer_scores),
+            head_scores=move(self.head_scores),
+            head_token_scores=move(self.head_token_scores),
+            parts={k: v.detach().cpu() for k, v in self.parts.items()},
+        )
+
+    # ----------------------------------------------------------------- display
+    def _target_label(self, item: int) -> str:
+        meta_tokens = self.meta.get("target_tokens")
+        if meta_tokens:
+            label = repr(meta_tokens[item])
+            foils = self.meta.get("foil_tokens")
+            if foils:
+                label += f" − {foils[item]!r}"
+            return label
+        return f"id {int(self.target.token_ids[item])}"
+
+    def to_html(self, item: int | None = None) -> str:
+        """Tokens coloured by signed relevance (red positive, blue negative), HTML-escaped."""
+        items = range(len(self)) if item is None else [item]
+        rows = []
+        for i in items:
+            scores = self.item_scores(i).detach().cpu().double()
+            scale = float(scores.abs().max()) or 1.0
+            spans = []
+            for tok, s in zip(self.tokens[i], scores.tolist()):
+                a = min(abs(s) / scale, 1.0)
+                rgb = "220,38,38" if s >= 0 else "37,99,235"
+                spans.append(
+                    f'<span title="{s:.4g}" style="background: rgba({rgb},{a:.3f}); '
+                    f'padding:1px 2px; margin:0 1px; border-radius:3px; white-space:pre">'
+                    f"{html.escape(tok)}</span>"
+                )
+            header = html.escape(f"{self.method} → {self._target_label(i)}")
+            rows.append(
+                f'<div style="font-family:monospace; margin:4px 0"><b>{header}</b><br>'
+                f"{''.join(spans)}</div>"
+            )
+        return "\n".join(rows)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def __repr__(self) -> str:
+        shape = tuple(self.scores.shape)
+        extra = []
+        if self.layer_scores is not None:
+            extra.append(f"layer_scores={tuple(self.layer_scores.shape)}")
+        if self.head_scores is not None:
+            extra.append(f"head_scores={tuple(self.head_scores.shape)}")
+        more = (", " + ", ".join(extra)) if extra else ""
+        return f"Attribution(method={self.method!r}, scores={shape}{more})"
+
+    def plot(self, item: int = 0, layers: bool | None = None, **kwargs: Any) -> Any:
+        """Plotly figure: token heatmap, or layer × token heatmap when per-layer scores exist."""
+        from lens_attrib import plot
+
+        if layers or (layers is None and self.layer_scores is not None):
+            return plot.layer_heatmap(self, item=item, **kwargs)
+        return plot.token_heatmap(self, item=item, **kwargs)

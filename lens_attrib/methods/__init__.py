@@ -1,0 +1,6 @@
+"""Attribution methods. Importing this package registers every method in ``METHODS``."""
+
+from lens_attrib.methods import gradient
+from lens_attrib.methods.registry import METHOD_INFO, METHODS, attribute, register
+
+__all__ = ["METHODS", "METHOD_INFO", "attribute", "gradient", "register"]

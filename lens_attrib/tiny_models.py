@@ -1,0 +1,205 @@
+"""Tiny random-weight models of every supported architecture, for fast unit tests.
+
+Each builder returns a model with a small word-level tokenizer (whitespace split, lower-case
+vocabulary below, unknown words map to ``<unk>``):
+
+- ``tiny_gpt2``:   LayerNorm, learned absolute positions, GELU MLP, biases.
+- ``tiny_llama``:  RMSNorm, rotary, grouped-query attention, gated SiLU MLP, no biases.
+- ``tiny_pythia``: LayerNorm, parallel attention + MLP, partial rotary (``rotary_dim < d_head``).
+- ``tiny_bert``:   ``HookedEncoder`` (post-LN BERT) with ``[CLS] … [SEP]`` and an MLM head.
+
+Biases are given random values (not zeros) so that tests exercise bias terms; ``zero_biases``
+sets every bias to zero for conservation tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lens_attrib.models import keep_tokenizer_as_is, quiet_deprecation
+
+WORDS = (
+    "the a an this these that those some one two of to in on near behind with by for from and or "
+    "is are was were has have had does do likes like sees see saw knows know "
+    "key keys cabinet cabinets author authors book books dog dogs cat cats man men woman women "
+    "boy boys girl girls king kings queen queens actor actors actress actresses doctor doctors "
+    "teacher teachers table tables house houses car cars friend friends "
+    "himself herself themselves itself he she they it his her their "
+    "paris france capital city of is good bad movie great terrible film not very "
+    "john mary carl lisa bought cleaned saw hurt praised washed liked "
+    "dish dishes chair chairs picture pictures shirt shirts"
+).split()
+
+
+def _unique(words: list[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for w in words:
+        seen.setdefault(w, None)
+    return list(seen)
+
+
+def tiny_tokenizer(encoder: bool = False) -> Any:
+    """A word-level fast tokenizer; decoders get ``<bos>``/``<eos>``/``<pad>``, encoders BERT tokens."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = (
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if encoder else ["<pad>", "<unk>", "<bos>", "<eos>"]
+    )
+    vocab = {tok: i for i, tok in enumerate(_unique(specials + list(WORDS)))}
+    unk = "[UNK]" if encoder else "<unk>"
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if encoder:
+        tok.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"]))
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+        )
+    else:
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            unk_token="<unk>",
+            pad_token="<pad>",
+            bos_token="<bos>",
+            eos_token="<eos>",
+        )
+    fast.padding_side = "right" if encoder else "left"
+    return fast
+
+
+def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
+    """Random weights with a fixed seed; norm gains near 1, biases small but non-zero."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith((".w", "ln_final.w")) and p.ndim == 1:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            elif name.split(".")[-1].startswith("b"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            else:
+                fan_in = p.shape[-2] if p.ndim >= 2 else p.shape[-1]
+                std = scale if "embed" in name or "W_pos" in name else fan_in**-0.5
+                p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+
+
+def _decoder(cfg_overrides: dict[str, Any], seed: int, dtype: torch.dtype) -> Any:
+    from transformer_lens import HookedTransformer
+    from transformer_lens.config import HookedTransformerConfig
+
+    tokenizer = tiny_tokenizer()
+    cfg = {
+        "d_model": 32,
+        "d_head": 8,
+        "n_heads": 4,
+        "d_mlp": 64,
+        "n_layers": 3,
+        "n_ctx": 64,
+        "d_vocab": len(tokenizer),
+        "act_fn": "gelu_new",
+        "normalization_type": "LN",
+        "default_prepend_bos": True,
+        "seed": seed,
+        "device": "cpu",
+        "dtype": torch.float32,
+    }
+    cfg.update(cfg_overrides)
+    with quiet_deprecation():
+        model = HookedTransformer(
+            HookedTransformerConfig(**cfg), tokenizer=keep_tokenizer_as_is(tokenizer)
+        )
+    _randomize(model, seed)
+    model = model.to(dtype)
+    model.cfg.dtype = dtype
+    model.eval()
+    return model
+
+
+def tiny_gpt2(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """GPT-2 shape: LayerNorm, learned positions, GELU MLP, biases everywhere."""
+    return _decoder({"positional_embedding_type": "standard", **overrides}, seed, dtype)
+
+
+def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """Llama shape: RMSNorm, rotary, GQA (4 query heads over 2 KV heads), gated SiLU MLP."""
+    cfg = {
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "rotary_base": 10000,
+        "rotary_adjacent_pairs": False,
+        "n_key_value_heads": 2,
+        "gated_mlp": True,
+        "act_fn": "silu",
+        "final_rms": True,
+        "original_architecture": "LlamaForCausalLM",
+    }
+    cfg.update(overrides)
+    model = _decoder(cfg, seed, dtype)
+    zero_biases(model)  # Llama has no biases
+    return model
+
+
+def tiny_pythia(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """GPT-NeoX/Pythia shape: LayerNorm, parallel attention + MLP, partial rotary (4 of 8 dims)."""
+    cfg = {
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 4,
+        "rotary_adjacent_pairs": False,
+        "parallel_attn_mlp": True,
+        "act_fn": "gelu",
+        "original_architecture": "GPTNeoXForCausalLM",
+    }
+    cfg.update(overrides)
+    return _decoder(cfg, seed, dtype)
+
+
+def tiny_bert(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """BERT shape (HookedEncoder): post-LN, learned positions, token types, MLM head."""
+    from transformer_lens import HookedEncoder
+    from transformer_lens.config import HookedTransformerConfig
+
+    tokenizer = tiny_tokenizer(encoder=True)
+    cfg = {
+        "d_model": 32,
+        "d_head": 8,
+        "n_heads": 4,
+        "d_mlp": 64,
+        "n_layers": 3,
+        "n_ctx": 64,
+        "d_vocab": len(tokenizer),
+        "act_fn": "gelu",
+        "attention_dir": "bidirectional",
+        "normalization_type": "LN",
+        "original_architecture": "BertForMaskedLM",
+        "seed": seed,
+        "device": "cpu",
+        "dtype": torch.float32,
+    }
+    cfg.update(overrides)
+    with quiet_deprecation():
+        model = HookedEncoder(HookedTransformerConfig(**cfg), tokenizer=tokenizer)
+    _randomize(model, seed)
+    model = model.to(dtype)
+    model.cfg.dtype = dtype
+    model.eval()
+    return model
+
+
+def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
+    """Set every bias parameter (``b_*``, norm biases) to zero, in place."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.split(".")[-1].startswith("b"):
+                p.zero_()
+    return model
+
+
+TINY_DECODERS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "pythia": tiny_pythia}
