@@ -311,6 +311,7 @@ def load_minilm() -> Any:
         encoder_state_dict_from_bert(bert, cfg.n_heads), strict=False
     )
     absent = [k for k in missing if not k.startswith(("mlm_head", "unembed", "nsp_head", "pooler"))]
+    absent = [k for k in absent if not k.endswith((".mask", ".IGNORE"))]  # buffers built in __init__
     if absent or unexpected:
         raise ModelError(f"MiniLM conversion mismatch: missing {absent}, unexpected {unexpected}")
     model.lens_attrib_no_lm_head = True

@@ -197,7 +197,8 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
     """Set every bias parameter (``b_*``, norm biases) to zero, in place."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.split(".")[-1].startswith("b"):
+            # GQA stores its key/value biases as ``_b_K``/``_b_V``.
+            if name.split(".")[-1].lstrip("_").startswith("b"):
                 p.zero_()
     return model
 

@@ -129,7 +129,12 @@ def prepare(
 ) -> tuple[Batch, Target]:
     """Batch the inputs and default the target."""
     batch = to_batch(model, inputs, prepend_bos=prepend_bos)
-    return batch, target or Target()
+    target = target or Target()
+    if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
+        from lens_attrib.methods.generation import generation_batch
+
+        batch, target, _ = generation_batch(model, batch, target)
+    return batch, target
 
 
 def token_labels(model: Any, ids: Tensor | None) -> list[str] | None:
@@ -161,6 +166,7 @@ def make_attribution(
     if not resolved.regression:
         meta["target_tokens"] = token_labels(model, resolved.token_ids)
         meta["foil_tokens"] = token_labels(model, resolved.foil_ids)
+    meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
     meta.update(fields.pop("meta", {}))
     attribution = Attribution(
         scores=scores.cpu(),

@@ -1,0 +1,212 @@
+"""Detach patches that turn one Gradient×Input pass into LRP (CP-LRP) or AttnLRP.
+
+"Modified Gradient×Input" (Ali et al. 2022; Achtibat et al. 2024): every patch leaves the
+forward value of the model *bit for bit* unchanged and only changes what flows backward, so that
+``R = x ⊙ ∂f/∂x`` read at the input embeddings equals relevance propagated with the LRP rules:
+
+- **norms** (LayerNorm, RMSNorm, also BERT's embedding and MLM-head LayerNorms): the scale
+  ``σ`` is detached at ``*.hook_scale``; the normalisation becomes the linear map
+  ``(x − μ)·w/σ`` (ε-rule; identity rule for RMSNorm).
+- **elementwise activation** ``a = φ(h)``: identity rule ``R_h = R_a``, i.e. the backward pass
+  multiplies by ``φ(h)/h`` instead of ``φ'(h)`` (at ``mlp.hook_post``, with ``h`` from
+  ``mlp.hook_pre``; and inside BERT's MLM head).
+- **CP-LRP** (``variant="lrp"``): attention pattern detached at ``attn.hook_pattern`` (the
+  attention is a fixed linear mixing of values), the gate of a gated MLP detached.
+- **AttnLRP** (``variant="attnlrp"``): uniform rule on both bilinear products. For
+  ``z = A·v`` each factor receives half of ``R_z``; for ``s = q·k`` each factor receives half of
+  ``R_s``; the softmax keeps its plain gradient (the softmax rule
+  ``R_s = s ⊙ (R_A − A·ΣR_A)`` of the paper *is* Gradient×Input). Since the softmax backward
+  is linear in the incoming gradient, halving at the products is the same as scaling the
+  gradient leaving ``v`` by 1/2 and leaving ``q`` and ``k`` by 1/4 (at ``attn.hook_q``,
+  ``attn.hook_k``, ``attn.hook_v``): this adds no ``[pos, pos]``-sized tensor to the pass.
+  Gated MLPs: uniform rule on ``φ(gate)·up`` (half to each factor) with the identity rule through
+  ``φ``.
+
+Every custom backward below saves at most one tensor of the size of the activation it replaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lens_attrib.models import ModelError, is_encoder
+
+HookFn = Callable[[Tensor, Any], Tensor | None]
+VARIANTS = ("lrp", "attnlrp")
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward (a view), gradient multiplied by a constant backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:  # type: ignore[override]
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return grad * ctx.factor, None
+
+
+def scale_grad(x: Tensor, factor: float) -> Tensor:
+    """``x`` unchanged forward; ``factor · ∂f/∂x`` flows backward."""
+    return _ScaleGrad.apply(x, factor)  # type: ignore[no-any-return]
+
+
+class _Linearized(torch.autograd.Function):
+    """Forward returns ``value`` unchanged; backward sends ``g ⊙ m_i`` to input ``x_i``.
+
+    Called as ``apply(value, x_1, m_1, x_2, m_2, …)`` with detached multipliers ``m_i``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, *pairs: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(*pairs[1::2])
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        out: list[Tensor | None] = [None]
+        for m in ctx.saved_tensors:
+            out += [grad * m, None]
+        return tuple(out)
+
+
+def linearized(value: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
+    """``value`` forward; backward ``∂f/∂x_i = ∂f/∂value ⊙ m_i`` for every ``(x_i, m_i)``."""
+    flat: list[Tensor] = []
+    for x, m in pairs:
+        flat += [x, m.detach()]
+    return _Linearized.apply(value.detach(), *flat)  # type: ignore[no-any-return]
+
+
+def safe_ratio(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den`` with 0 where ``den == 0`` (there ``R = den · g · ratio`` is 0 anyway)."""
+    zero = den == 0
+    return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, 1.0, den))
+
+
+def identity_rule(pre: Tensor, post: Tensor) -> Tensor:
+    """``post = φ(pre)`` forward, backward multiplied by ``φ(pre)/pre``: ``R_pre = R_post``."""
+    with torch.no_grad():
+        ratio = safe_ratio(post, pre)
+    return linearized(post, (pre, ratio))
+
+
+def _detach(x: Tensor, hook: Any) -> Tensor:
+    return x.detach()
+
+
+def _grad_scaler(factor: float) -> HookFn:
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        return scale_grad(x, factor)
+
+    return hook
+
+
+def _mlp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
+    """Identity rule through the activation; gate rule (detach / uniform) in gated MLPs."""
+    cfg = model.cfg
+    if cfg.act_fn is not None and cfg.is_layer_norm_activation():
+        raise ModelError(
+            f"LRP rules for the LayerNorm activation {cfg.act_fn!r} (SoLU) are not implemented."
+        )
+    gated = bool(getattr(cfg, "gated_mlp", False))
+    store: dict[str, dict[str, Tensor]] = {}
+    hooks: list[tuple[str, HookFn]] = []
+
+    def keep(key: str) -> HookFn:
+        def hook(x: Tensor, hook: Any) -> None:
+            store.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+
+        return hook
+
+    def post_hook(post: Tensor, hook: Any) -> Tensor:
+        prefix = hook.name.rsplit(".", 1)[0]
+        saved = store.pop(prefix)
+        pre = saved["pre"]
+        if not gated:
+            return identity_rule(pre, post)
+        up = saved["up"]
+        mlp = model.get_submodule(prefix)
+        with torch.no_grad():
+            act = mlp.act_fn(pre)
+        if variant == "lrp":  # gate detached: post = const · up
+            return linearized(post, (up, act))
+        with torch.no_grad():  # uniform rule on act·up, identity rule through act
+            m_pre = 0.5 * up * safe_ratio(act, pre)
+        return linearized(post, (pre, m_pre), (up, 0.5 * act))
+
+    for layer in range(cfg.n_layers):
+        prefix = f"blocks.{layer}.mlp"
+        hooks.append((f"{prefix}.hook_pre", keep("pre")))
+        if gated:
+            hooks.append((f"{prefix}.hook_pre_linear", keep("up")))
+        hooks.append((f"{prefix}.hook_post", post_hook))
+    return hooks
+
+
+def lrp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
+    """TransformerLens forward hooks implementing ``variant`` ("lrp" or "attnlrp")."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    names = list(model.hook_dict)
+    hooks: list[tuple[str, HookFn]] = [(n, _detach) for n in names if n.endswith("hook_scale")]
+    for layer in range(model.cfg.n_layers):
+        attn = f"blocks.{layer}.attn"
+        if variant == "lrp":
+            hooks.append((f"{attn}.hook_pattern", _detach))
+        else:
+            hooks.append((f"{attn}.hook_q", _grad_scaler(0.25)))
+            hooks.append((f"{attn}.hook_k", _grad_scaler(0.25)))
+            hooks.append((f"{attn}.hook_v", _grad_scaler(0.5)))
+    return hooks + _mlp_hooks(model, variant)
+
+
+@contextmanager
+def mlm_head_patch(model: Any) -> Iterator[None]:
+    """Identity rule through the GELU inside BERT's MLM head (it has no hook point).
+
+    A forward pre-hook on ``mlm_head`` keeps its input ``x``; a forward pre-hook on
+    ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and linearises
+    ``GELU(h)``. The LayerNorm scale itself is detached by its ``hook_scale``.
+    """
+    head = getattr(model, "mlm_head", None)
+    if not is_encoder(model) or head is None:
+        yield
+        return
+    kept: dict[str, Tensor] = {}
+
+    def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
+        kept["x"] = args[0]
+
+    def linearize(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        x = kept.pop("x")
+        h = torch.matmul(x, head.W) + head.b
+        return (identity_rule(h, args[0]), *args[1:])
+
+    handles = [
+        head.register_forward_pre_hook(keep_input),
+        head.ln.register_forward_pre_hook(linearize),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+__all__ = [
+    "VARIANTS",
+    "identity_rule",
+    "linearized",
+    "lrp_hooks",
+    "mlm_head_patch",
+    "safe_ratio",
+    "scale_grad",
+]

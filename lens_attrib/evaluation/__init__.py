@@ -1,0 +1,47 @@
+"""Evaluation of Attributions: faithfulness (hard and soft perturbation) and plausibility.
+
+Everything here consumes :class:`~lens_attrib.attribution.Attribution` objects and never depends on
+how they were made.
+"""
+
+from lens_attrib.evaluation.faithfulness import (
+    AOPCResult,
+    CurveResult,
+    aopc,
+    insertion_deletion,
+    pearson_drop,
+)
+from lens_attrib.evaluation.plausibility import (
+    PLAUSIBILITY_METRICS,
+    average_precision,
+    dot_product,
+    mrr,
+    plausibility,
+    pointing_game,
+    relevance_mass_accuracy,
+    token_accuracy,
+)
+from lens_attrib.evaluation.runner import EvalResult, evaluate, merge_records
+from lens_attrib.evaluation.soft import SoftResult, soft_metrics, solve_alpha
+
+__all__ = [
+    "PLAUSIBILITY_METRICS",
+    "AOPCResult",
+    "CurveResult",
+    "EvalResult",
+    "SoftResult",
+    "aopc",
+    "average_precision",
+    "dot_product",
+    "evaluate",
+    "insertion_deletion",
+    "merge_records",
+    "mrr",
+    "pearson_drop",
+    "plausibility",
+    "pointing_game",
+    "relevance_mass_accuracy",
+    "soft_metrics",
+    "solve_alpha",
+    "token_accuracy",
+]

@@ -1,0 +1,385 @@
+"""Hard-perturbation faithfulness: AOPC comprehensiveness/sufficiency, accuracy under
+perturbation, and insertion/deletion curves with flip points.
+
+Every metric consumes an :class:`~lens_attrib.attribution.Attribution` and re-runs the model on
+perturbed copies of its inputs; nothing here knows how the scores were made.
+
+Perturbation. For item ``b`` with real tokens ``x_1..x_n`` the *always kept* tokens are the special
+tokens (BOS/CLS/SEP…, ids from ``special_ids``, default the tokenizer's ``all_special_ids``) and the
+target position (for decoders the last real token: the prediction is read there, so deleting it
+would change the question, not the evidence — we keep it and rank only the other tokens). The
+remaining *candidates* are ranked by score (descending, stable: ties keep sequence order) and the
+top ``k(f) = ⌈f·n_cand⌉`` are perturbed:
+
+- decoders: the tokens are **deleted** and the sequence re-padded (left) — the target position
+  moves with the deletions;
+- encoders: the tokens are **replaced by [MASK]** (``tokenizer.mask_token_id``), as in the
+  NormXLogit evaluation; positions are unchanged.
+
+AOPC (DeYoung et al. 2020, ERASER; NormXLogit, Mohammadi et al.) over fractions ``K`` (default
+10 %, …, 90 %), with ``p`` the probability of the reference label ``y`` (default: the prediction on
+the full input) at the target position:
+
+    comprehensiveness = mean_K [ p_y(x) − p_y(x ∖ top_K) ]
+    sufficiency       = mean_K [ p_y(x) − p_y(top_K ∪ kept) ]
+    accuracy          = mean_K 1[ argmax p(x ∖ top_K) = y_ref ]
+
+(``y_ref`` = gold label ids when given, else the prediction on the full input). For a regression
+target (``ResolvedTarget.regression``) ``p_y`` is the head's scalar output, and
+:func:`pearson_drop` gives the dataset-level drop of Pearson r.
+
+Insertion / deletion (π-Soft paper, appendix E): fractions ``0, 0.05, …, 1`` (20 steps).
+Deletion removes the top ``k(f)`` candidates; insertion starts from the kept tokens only (the
+BOS-only / empty input plus the target token) and adds the top ``k(f)`` back in their original
+order. Curves of ``p_y``; AUC by the trapezoid rule over ``f ∈ [0, 1]``; flip: deletion — the
+prediction differs from the full-input prediction; insertion — the prediction equals it again.
+``flip_fraction`` is the first fraction at which that happens (NaN if never).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lens_attrib.attribution import Attribution
+from lens_attrib.hooks.guard import model_guard
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.common import final_residual
+from lens_attrib.models import is_encoder
+from lens_attrib.target import Head, default_head
+
+HookList = list[tuple[str, Callable[[Tensor, Any], Tensor]]]
+ChunkHooks = Callable[[slice], HookList]
+Reduce = Callable[[Tensor, slice], Tensor]
+
+DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+# --------------------------------------------------------------------------- forward engine
+def target_outputs(
+    model: Any,
+    tokens: Int[Tensor, "n pos"],
+    mask: Bool[Tensor, "n pos"],
+    positions: Int[Tensor, "n"],
+    *,
+    head: Head | None = None,
+    reduce: Reduce | None = None,
+    hooks: ChunkHooks | None = None,
+    max_batch: int = 64,
+) -> Tensor:
+    """Head outputs at ``positions`` for many sequences, in chunks of ``max_batch`` rows.
+
+    ``hooks(rows)`` gives the forward hooks for the chunk ``rows`` (a slice of the ``n`` rows);
+    ``reduce(head_out, rows)`` maps the chunk's ``[chunk, n_out]`` head outputs to what is kept
+    (default: the head outputs themselves). Runs inside the model guard under inference mode.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    head = head or default_head(model)
+    encoder = is_encoder(model)
+    device = model.cfg.device
+    outs: list[Tensor] = []
+    with model_guard(model), torch.inference_mode():
+        for start in range(0, int(tokens.shape[0]), max_batch):
+            rows = slice(start, min(start + max_batch, int(tokens.shape[0])))
+            tok, msk = tokens[rows].to(device), mask[rows].to(device)
+            batch = Batch(tok, msk, [], torch.zeros_like(msk), encoder=encoder,
+                          padding_side="right" if encoder else "left")
+            with model.hooks(fwd_hooks=hooks(rows) if hooks is not None else []):
+                resid = final_residual(model, batch)
+            idx = torch.arange(tok.shape[0], device=resid.device)
+            out = head(resid[idx, positions[rows].to(resid.device)])
+            outs.append(reduce(out, rows) if reduce is not None else out)
+    return torch.cat(outs)
+
+
+def pad_sequences(
+    seqs: Sequence[Sequence[int]], pad_id: int, side: str
+) -> tuple[Int[Tensor, "n pos"], Bool[Tensor, "n pos"]]:
+    """Pad id lists on ``side`` ("left" for decoders, "right" for encoders)."""
+    length = max(len(s) for s in seqs)
+    tokens = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        sl = slice(length - len(s), length) if side == "left" else slice(0, len(s))
+        tokens[i, sl] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, sl] = True
+    return tokens, mask
+
+
+# --------------------------------------------------------------------------- items
+@dataclass
+class ItemView:
+    """One item of an Attribution in unpadded coordinates."""
+
+    ids: list[int]
+    scores: Tensor
+    target: int
+    kept: list[int]
+    ranked: list[int]
+
+
+def special_ids_of(model: Any, special_ids: Sequence[int] | None) -> set[int]:
+    """``special_ids``, or the tokenizer's ``all_special_ids`` without the UNK id (an unknown
+    word is content, not a BOS/CLS/SEP-like marker)."""
+    if special_ids is not None:
+        return {int(i) for i in special_ids}
+    tok = getattr(model, "tokenizer", None)
+    ids = {int(i) for i in (getattr(tok, "all_special_ids", None) or [])}
+    unk = getattr(tok, "unk_token_id", None)
+    return ids - ({int(unk)} if unk is not None else set())
+
+
+def item_views(attribution: Attribution, special: set[int], keep_target: bool = True
+               ) -> list[ItemView]:
+    """Real ids, scores, target index, always-kept positions and ranked candidates per item."""
+    views = []
+    for b in range(len(attribution)):
+        real = attribution.mask[b].cpu()
+        ids = attribution.token_ids[b].cpu()[real].tolist()
+        scores = attribution.scores[b].detach().cpu()[real].to(torch.float64)
+        first = int(torch.nonzero(real).min())
+        target = int(attribution.target.positions[b]) - first
+        kept = [i for i, t in enumerate(ids) if t in special or (keep_target and i == target)]
+        cand = [i for i in range(len(ids)) if i not in set(kept)]
+        order = torch.argsort(scores[cand], descending=True, stable=True).tolist()
+        views.append(ItemView(ids, scores, target, kept, [cand[o] for o in order]))
+    return views
+
+
+def n_perturbed(fraction: float, n_candidates: int) -> int:
+    """``k(f) = ⌈f · n⌉`` (a tolerance keeps exact products like 0.3·10 at 3)."""
+    return min(n_candidates, max(0, math.ceil(fraction * n_candidates - 1e-9)))
+
+
+def _perturb(view: ItemView, removed: set[int], encoder: bool, mask_id: int | None
+             ) -> tuple[list[int], int]:
+    if encoder:
+        if mask_id is None:
+            raise ValueError("Encoder perturbation needs tokenizer.mask_token_id ([MASK]).")
+        return [mask_id if i in removed else t for i, t in enumerate(view.ids)], view.target
+    seq = [t for i, t in enumerate(view.ids) if i not in removed]
+    return seq, view.target - sum(1 for r in removed if r < view.target)
+
+
+@dataclass
+class _Plan:
+    seqs: list[list[int]] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
+
+    def add(self, seq: list[int], target: int) -> None:
+        self.seqs.append(seq)
+        self.targets.append(target)
+
+
+def _run_plan(model: Any, plan: _Plan, head: Head | None, max_batch: int, regression: bool,
+              labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(value of the row's label, argmax, max value) for every sequence; ``labels`` per row."""
+    encoder = is_encoder(model)
+    tok = getattr(model, "tokenizer", None)
+    pad = 0
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        if tok is not None and getattr(tok, name, None) is not None:
+            pad = int(getattr(tok, name))
+            break
+    tokens, mask = pad_sequences(plan.seqs, pad, "right" if encoder else "left")
+    offsets = (mask.shape[1] - mask.sum(-1)) if not encoder else torch.zeros(len(plan.seqs))
+    positions = torch.tensor(plan.targets, dtype=torch.long) + offsets.long()
+
+    def reduce(out: Tensor, rows: slice) -> Tensor:
+        out = out.to(torch.float64)
+        if regression:
+            return torch.stack([out[:, 0], torch.zeros_like(out[:, 0]), out[:, 0]], -1)
+        probs = torch.softmax(out, -1)
+        lab = labels[rows].to(probs.device)
+        value = probs[torch.arange(probs.shape[0], device=probs.device), lab]
+        top = probs.max(-1)
+        return torch.stack([value, top.indices.to(torch.float64), top.values], -1)
+
+    res = target_outputs(model, tokens, mask, positions, head=head, reduce=reduce,
+                         max_batch=max_batch).cpu()
+    return res[:, 0], res[:, 1].long(), res[:, 2]
+
+
+def _references(model: Any, views: list[ItemView], head: Head | None, max_batch: int,
+                regression: bool, attribution: Attribution, label: str
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """(label ids, value of the label on the full input, prediction on the full input)."""
+    plan = _Plan()
+    for v in views:
+        plan.add(list(v.ids), v.target)
+    labels = attribution.target.token_ids.cpu().long()
+    value, pred, top = _run_plan(model, plan, head, max_batch, regression, labels)
+    if label == "prediction" and not regression:
+        value, labels = top, pred
+    elif label != "target" and not regression:
+        raise ValueError(f"label must be 'prediction' or 'target', got {label!r}")
+    return labels, value, pred
+
+
+# --------------------------------------------------------------------------- AOPC
+@dataclass
+class AOPCResult:
+    """Per-item AOPC scores and the per-fraction values they average."""
+
+    comprehensiveness: Float[Tensor, "batch"]
+    sufficiency: Float[Tensor, "batch"]
+    accuracy: Float[Tensor, "batch"]
+    fractions: list[float]
+    comprehensiveness_k: Float[Tensor, "batch k"]
+    sufficiency_k: Float[Tensor, "batch k"]
+    correct_k: Float[Tensor, "batch k"]
+    p_full: Float[Tensor, "batch"]
+    labels: Int[Tensor, "batch"]
+    prediction: Int[Tensor, "batch"]
+    perturbed_values: dict[str, Tensor] = field(default_factory=dict)
+
+
+def aopc(
+    model: Any,
+    attribution: Attribution,
+    *,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    head: Head | None = None,
+    label: str = "prediction",
+    gold: Int[Tensor, "batch"] | None = None,
+    special_ids: Sequence[int] | None = None,
+    max_batch: int = 64,
+) -> AOPCResult:
+    """AOPC comprehensiveness and sufficiency, and accuracy under perturbation (module doc).
+
+    ``label``: ``"prediction"`` (the full-input argmax, default) or ``"target"`` (the
+    attribution's explained token). ``gold``: label ids for the accuracy (default: prediction).
+    ``head``: the head the attribution's Target used (default: the model's own).
+    """
+    regression = bool(attribution.target.regression)
+    encoder = is_encoder(model)
+    mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
+    views = item_views(attribution, special_ids_of(model, special_ids))
+    labels, p_full, pred = _references(model, views, head, max_batch, regression, attribution,
+                                       label)
+    ref = pred if gold is None else torch.as_tensor(gold).long().cpu()
+    plan = _Plan()
+    for v in views:
+        for f in fractions:
+            top = set(v.ranked[: n_perturbed(f, len(v.ranked))])
+            plan.add(*_perturb(v, top, encoder, mask_id))
+            rest = set(v.ranked) - top
+            plan.add(*_perturb(v, rest, encoder, mask_id))
+    n_k = len(fractions)
+    row_labels = labels.repeat_interleave(2 * n_k)
+    value, argmax, _ = _run_plan(model, plan, head, max_batch, regression, row_labels)
+    value = value.reshape(len(views), n_k, 2)
+    argmax = argmax.reshape(len(views), n_k, 2)
+    comp_k = p_full[:, None] - value[..., 0]
+    suff_k = p_full[:, None] - value[..., 1]
+    correct_k = (argmax[..., 0] == ref[:, None]).to(torch.float64)
+    return AOPCResult(
+        comprehensiveness=comp_k.mean(-1),
+        sufficiency=suff_k.mean(-1),
+        accuracy=correct_k.mean(-1),
+        fractions=[float(f) for f in fractions],
+        comprehensiveness_k=comp_k,
+        sufficiency_k=suff_k,
+        correct_k=correct_k,
+        p_full=p_full,
+        labels=labels,
+        prediction=pred,
+        perturbed_values={"without_top": value[..., 0], "only_top": value[..., 1]},
+    )
+
+
+def pearson_drop(full: Tensor, perturbed: Tensor, gold: Tensor) -> float:
+    """Regression: ``r(full, gold) − r(perturbed, gold)`` (Pearson r over the dataset)."""
+    def r(a: Tensor, b: Tensor) -> float:
+        return float(np.corrcoef(a.double().numpy(), b.double().numpy())[0, 1])
+
+    return r(full, gold) - r(perturbed, gold)
+
+
+# --------------------------------------------------------------------------- insertion/deletion
+@dataclass
+class CurveResult:
+    """Insertion and deletion curves (``[batch, steps+1]``), AUCs and flip fractions."""
+
+    fractions: list[float]
+    deletion: Float[Tensor, "batch f"]
+    insertion: Float[Tensor, "batch f"]
+    deletion_flipped: Bool[Tensor, "batch f"]
+    insertion_flipped: Bool[Tensor, "batch f"]
+    deletion_auc: Float[Tensor, "batch"]
+    insertion_auc: Float[Tensor, "batch"]
+    deletion_flip_fraction: Float[Tensor, "batch"]
+    insertion_flip_fraction: Float[Tensor, "batch"]
+
+
+def _first_fraction(flags: Tensor, fractions: Tensor) -> Tensor:
+    hit = flags.any(-1)
+    first = flags.to(torch.int64).argmax(-1)
+    return torch.where(hit, fractions[first], torch.full_like(fractions[first], float("nan")))
+
+
+def insertion_deletion(
+    model: Any,
+    attribution: Attribution,
+    *,
+    steps: int = 20,
+    head: Head | None = None,
+    label: str = "prediction",
+    special_ids: Sequence[int] | None = None,
+    max_batch: int = 64,
+) -> CurveResult:
+    """Deletion and insertion curves in ``1/steps`` steps (default 5 % × 20; module doc)."""
+    regression = bool(attribution.target.regression)
+    if regression:
+        raise ValueError("insertion/deletion flips need a classification target.")
+    encoder = is_encoder(model)
+    mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
+    views = item_views(attribution, special_ids_of(model, special_ids))
+    labels, _, pred = _references(model, views, head, max_batch, False, attribution, label)
+    fr = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
+    plan = _Plan()
+    for v in views:
+        for f in fr.tolist():
+            top = v.ranked[: n_perturbed(f, len(v.ranked))]
+            plan.add(*_perturb(v, set(top), encoder, mask_id))
+            plan.add(*_perturb(v, set(v.ranked) - set(top), encoder, mask_id))
+    row_labels = labels.repeat_interleave(2 * (steps + 1))
+    value, argmax, _ = _run_plan(model, plan, head, max_batch, False, row_labels)
+    value = value.reshape(len(views), steps + 1, 2)
+    argmax = argmax.reshape(len(views), steps + 1, 2)
+    del_flip = argmax[..., 0] != pred[:, None]
+    ins_flip = argmax[..., 1] == pred[:, None]
+    return CurveResult(
+        fractions=fr.tolist(),
+        deletion=value[..., 0],
+        insertion=value[..., 1],
+        deletion_flipped=del_flip,
+        insertion_flipped=ins_flip,
+        deletion_auc=torch.trapezoid(value[..., 0], fr, dim=-1),
+        insertion_auc=torch.trapezoid(value[..., 1], fr, dim=-1),
+        deletion_flip_fraction=_first_fraction(del_flip, fr),
+        insertion_flip_fraction=_first_fraction(ins_flip, fr),
+    )
+
+
+__all__ = [
+    "DEFAULT_FRACTIONS",
+    "AOPCResult",
+    "CurveResult",
+    "aopc",
+    "insertion_deletion",
+    "item_views",
+    "n_perturbed",
+    "pad_sequences",
+    "pearson_drop",
+    "special_ids_of",
+    "target_outputs",
+]

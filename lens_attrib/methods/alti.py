@@ -1,0 +1,380 @@
+"""ALTI (Ferrando et al. 2022) and ALTI-Logit (Ferrando et al. 2023), read from one hooked forward.
+
+**ALTI-Logit** (decoders). The final residual at the target position ``t`` is the sum of the
+embedding ``x⁰_t``, every attention block's output and every MLP block's output. The final norm is
+linearized with its actual scale ``σ_t`` and folded with the head direction into one vector
+
+    u = c(γ_f ⊙ (W_U[:, y] − W_U[:, y'])) / σ_t        (``c`` centres for LayerNorm only),
+
+so that a block output ``o`` contributes ``o · u`` to the explained logit (difference). Attention
+outputs are decomposed onto source tokens through the cached pattern and value vectors:
+
+    Δ^l_h(j) = α^{l,h}_tj · ṽ^{l,h}_j W_O^{l,h} · u,   ṽ_j = v_j − θ_V   (θ_V = β₁W_V + b_V),
+
+leaving ``b_O·u + Σ_h θ_V W_O^h·u`` (attention bias, ``A·θ``), ``mlp_l[t]·u`` (MLP), ``x⁰_t·u``
+(embedding) and ``β_f·d + b_U[y] − b_U[y']`` (bias). Then
+
+    logit = Σ_l Σ_{h,j} Δ^l_h(j) + Σ_l mlp_l + Σ_l attn_bias_l + embedding + bias     (exactly).
+
+Layer l's token contributions live on the positions of its input residual; they are traced to the
+input tokens through the ALTI mixing matrices of the layers below (see ``alti_mixing``):
+``layer_scores[l] = Δ^l · A_{l−1} ⋯ A_0``, ``scores = Σ_l layer_scores[l]``.
+
+**ALTI** (encoders and decoders): ``scores = e_t A_{L−1} ⋯ A_0`` (rollout of the mixing matrices),
+``layer_scores[l] = e_t A_l ⋯ A_0``.
+
+A custom ``Target.head`` is supported by ALTI-Logit only when it is a ``torch.nn.Linear`` on the
+final residual (its weight gives the direction, its bias a bias term); anything else raises.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from lens_attrib.attribution import Attribution
+from lens_attrib.hooks.guard import model_guard
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.alti_mixing import (
+    PostNorm,
+    center,
+    expand_kv,
+    head_outputs,
+    mixing_matrix,
+    norm_params,
+    trace_rows,
+    value_bias,
+)
+from lens_attrib.methods.cached_forward import Forward, forward, target_rows
+from lens_attrib.methods.common import check_finite, make_attribution, prepare
+from lens_attrib.methods.registry import register
+from lens_attrib.models import is_encoder
+from lens_attrib.target import ResolvedTarget, Target, TargetError
+
+
+def work_dtype(model: Any) -> torch.dtype:
+    """float64 for float64 models, float32 otherwise (bf16/fp16 activations are upcast)."""
+    return torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class AltiCache:
+    """What the hooks keep: per-layer value vectors, target rows and mixing matrices."""
+
+    model: Any
+    batch: Batch
+    positions: Tensor
+    mixing_layers: set[int]
+    chunk_size: int | None
+    dtype: torch.dtype
+    v: dict[int, Tensor] = field(default_factory=dict)
+    alpha_t: dict[int, Tensor] = field(default_factory=dict)
+    mlp_t: dict[int, Tensor] = field(default_factory=dict)
+    mats: dict[int, Tensor] = field(default_factory=dict)
+    embed_t: Tensor | None = None
+    final_scale: Tensor | None = None
+    _tmp: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def encoder(self) -> bool:
+        return is_encoder(self.model)
+
+    def hooks(self) -> list[tuple[str, Callable[..., None]]]:
+        hooks: list[tuple[str, Callable[..., None]]] = []
+        for layer in range(self.model.cfg.n_layers):
+            b = f"blocks.{layer}"
+            hooks += [
+                (f"{b}.hook_resid_pre", self._store(layer, "x")),
+                (f"{b}.attn.hook_v", self._store(layer, "v")),
+                (f"{b}.attn.hook_pattern", self._store(layer, "pattern")),
+            ]
+            if self.encoder:
+                hooks += [
+                    (f"{b}.ln1.hook_scale", self._store(layer, "scale")),
+                    (f"{b}.ln1.hook_normalized", self._store(layer, "normalized")),
+                ]
+            else:
+                hooks += [
+                    (f"{b}.hook_attn_out", self._store(layer, "attn_out")),
+                    (f"{b}.hook_mlp_out", self._store(layer, "mlp_out")),
+                ]
+        if not self.encoder:
+            hooks.append(("ln_final.hook_scale", self._store(-1, "final_scale")))
+        return hooks
+
+    def _store(self, layer: int, what: str) -> Callable[..., None]:
+        def hook(x: Tensor, hook: Any) -> None:
+            self.receive(layer, what, x.detach().to(self.dtype))
+
+        return hook
+
+    def receive(self, layer: int, what: str, x: Tensor) -> None:
+        mixing = layer in self.mixing_layers
+        if what == "final_scale":
+            self.final_scale = x.reshape(x.shape[0], -1)[:, -1]
+        elif what == "x":
+            if layer == 0:
+                self.embed_t = target_rows(x, self.positions)
+            if mixing:
+                self._tmp["x"] = x
+        elif what == "v":
+            self.v[layer] = x
+        elif what == "pattern":
+            self.alpha_t[layer] = x[torch.arange(x.shape[0]), :, self.positions]
+            if mixing:
+                self._tmp["pattern"] = x
+        elif what == "mlp_out":
+            self.mlp_t[layer] = target_rows(x, self.positions)
+        elif what == "scale":
+            self._tmp["scale"] = x[..., 0]
+        elif what == "attn_out" and mixing:
+            self.mats[layer] = self.decoder_mixing(layer, self._tmp["x"] + x)
+            self._tmp.clear()
+        elif what == "normalized" and mixing:
+            self.mats[layer] = self.encoder_mixing(layer, x)
+            self._tmp.clear()
+
+    def decoder_mixing(self, layer: int, y: Tensor) -> Tensor:
+        block = self.model.blocks[layer]
+        x, pattern, v = self._tmp["x"], self._tmp["pattern"], self.v[layer]
+        theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(self.dtype)
+        w_o = block.attn.W_O.to(self.dtype)
+        mats = []
+        for b in range(x.shape[0]):
+            o = head_outputs(v[b] - theta, w_o)
+            mats.append(
+                mixing_matrix(
+                    pattern[b],
+                    o,
+                    x[b],
+                    y[b],
+                    causal=True,
+                    n_rows=int(self.positions[b]) + 1,
+                    chunk_size=self.chunk_size,
+                    mask=self.batch.mask[b],
+                )
+            )
+        return torch.stack(mats)
+
+    def encoder_mixing(self, layer: int, normalized: Tensor) -> Tensor:
+        block = self.model.blocks[layer]
+        ln = norm_params(block.ln1)
+        x, pattern, v, scale = (
+            self._tmp["x"],
+            self._tmp["pattern"],
+            self.v[layer],
+            self._tmp["scale"],
+        )
+        weight = None if ln.weight is None else ln.weight.to(self.dtype)
+        y = normalized * (1.0 if weight is None else weight)
+        if ln.bias is not None:
+            y = y + ln.bias.to(self.dtype)
+        theta = value_bias(block.attn, None, v.shape[-2]).to(self.dtype)
+        w_o = block.attn.W_O.to(self.dtype)
+        params = type(ln)(ln.center, weight, None)
+        mats = []
+        for b in range(x.shape[0]):
+            o = head_outputs(v[b] - theta, w_o)
+            post = PostNorm(scale[b], params)
+            mats.append(
+                mixing_matrix(
+                    pattern[b],
+                    o,
+                    x[b],
+                    y[b],
+                    causal=False,
+                    chunk_size=self.chunk_size,
+                    post=post,
+                    mask=self.batch.mask[b],
+                )
+            )
+        return torch.stack(mats)
+
+
+def run_alti_forward(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    mixing_layers: set[int],
+    chunk_size: int | None,
+) -> tuple[Forward, AltiCache]:
+    """One forward recording exactly what ALTI / ALTI-Logit need."""
+    cache = AltiCache(
+        model, batch, target.positions(batch), mixing_layers, chunk_size, work_dtype(model)
+    )
+    result = forward(model, batch, target, cache.hooks())
+    return result, cache
+
+
+def logit_direction(
+    model: Any, target: Target, resolved: ResolvedTarget, final_scale: Tensor | None, dtype: Any
+) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch"]]:
+    """``u`` (final norm folded into the head direction) and the constant bias term."""
+    if target.head is not None:
+        head = target.head
+        if not isinstance(head, nn.Linear):
+            raise TargetError(
+                "alti_logit needs a linear head on the final residual: pass Target(head=...) as "
+                "a torch.nn.Linear (its weight gives the direction), or use the default head "
+                f"(ln_final + unembed). Got {type(head).__name__}."
+            )
+        weight = head.weight.T.to(dtype)
+        u = resolved.direction(weight)
+        const = torch.zeros(u.shape[0], dtype=dtype, device=u.device)
+        if head.bias is not None:
+            const = resolved.select(head.bias.to(dtype)[None].expand(u.shape[0], -1))
+        return u, const
+    d = resolved.direction(model.unembed.W_U.to(dtype))
+    const = resolved.select(model.unembed.b_U.to(dtype)[None].expand(d.shape[0], -1))
+    ln = norm_params(model.ln_final)
+    if ln.bias is not None:
+        const = const + d @ ln.bias.to(dtype)
+    u = d if ln.weight is None else d * ln.weight.to(dtype)
+    if ln.center:
+        u = center(u)
+    if ln.active:
+        if final_scale is None:
+            raise RuntimeError("ln_final.hook_scale did not fire: cannot linearize the final norm.")
+        u = u / final_scale[:, None]
+    return u, const
+
+
+def _check_options(chunk_size: int | None) -> None:
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number of query rows, got {chunk_size}")
+
+
+@register("alti_logit", encoder=False, per_layer=True, instead="alti")
+def alti_logit(
+    model: Any,
+    inputs: Any,
+    target: Target | None = None,
+    *,
+    chunk_size: int | None = None,
+    trace_heads: bool = False,
+) -> Attribution:
+    """ALTI-Logit (Ferrando et al. 2023): logit contributions traced to input tokens.
+
+    Options: ``chunk_size`` (query rows per chunk of the mixing computation; default: a memory
+    budget of 2^24 elements), ``trace_heads`` (trace ``head_token_scores`` to input tokens through
+    the mixing matrices below; default: they are on the layer's own input positions).
+
+    Returns ``scores`` ``[batch, pos]``, ``layer_scores`` ``[batch, layer, pos]``, ``head_scores``
+    ``[batch, layer, head]`` and ``head_token_scores`` ``[batch, layer, head, pos]``, and in
+    ``parts``: ``mlp`` ``[batch, layer]``, ``attn_bias`` ``[batch, layer]``, ``embedding``
+    ``[batch]`` (embedding of the target position), ``bias`` ``[batch]`` (unembedding bias and
+    final-norm β), ``logit`` ``[batch]`` (the explained value). ``scores.sum(-1) + mlp.sum(-1) +
+    attn_bias.sum(-1) + embedding + bias == logit``.
+    """
+    if is_encoder(model):
+        raise TargetError("alti_logit applies to decoders; use method 'alti' for encoders.")
+    _check_options(chunk_size)
+    started = time.perf_counter()
+    batch, target = prepare(model, inputs, target)
+    n_layers = model.cfg.n_layers
+    dtype = work_dtype(model)
+    with model_guard(model):
+        result, cache = run_alti_forward(model, batch, target, set(range(n_layers - 1)), chunk_size)
+        assert result.value is not None
+        u, const = logit_direction(model, target, result.resolved, cache.final_scale, dtype)
+        n_heads = model.cfg.n_heads
+        head_tok = []
+        attn_bias = []
+        mlp = []
+        for layer in range(n_layers):
+            block = model.blocks[layer]
+            v = cache.v[layer]
+            theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
+            w = torch.einsum("hkd,bd->bhk", block.attn.W_O.to(dtype), u)
+            vt = torch.einsum("bthk,bhk->bht", expand_kv(v - theta, n_heads), w)
+            alpha = cache.alpha_t[layer]
+            head_tok.append(alpha * vt)
+            bias_heads = torch.einsum("bh,hk,bhk->b", alpha.sum(-1), expand_kv(theta, n_heads), w)
+            attn_bias.append(bias_heads + u @ block.attn.b_O.to(dtype))
+            mlp.append((cache.mlp_t[layer] * u).sum(-1))
+        head_token = torch.stack(head_tok, 1)  # [batch, layer, head, pos]
+        mats = [cache.mats[k] for k in range(n_layers - 1)]
+        layer_scores = trace_rows(head_token.sum(2), list(range(n_layers)), mats)
+        if trace_heads:
+            flat = head_token.flatten(1, 2)
+            depths = [layer for layer in range(n_layers) for _ in range(n_heads)]
+            head_token = trace_rows(flat, depths, mats).unflatten(1, (n_layers, n_heads))
+        assert cache.embed_t is not None
+        parts = {
+            "mlp": torch.stack(mlp, 1),
+            "attn_bias": torch.stack(attn_bias, 1),
+            "embedding": (cache.embed_t * u).sum(-1),
+            "bias": const,
+            "logit": result.value.to(dtype),
+        }
+        scores = layer_scores.sum(1)
+        check_finite("alti_logit", scores)
+        return make_attribution(
+            model,
+            batch,
+            result.resolved,
+            "alti_logit",
+            scores,
+            started=started,
+            options={"chunk_size": chunk_size, "trace_heads": trace_heads},
+            layer_scores=layer_scores * batch.mask[:, None].to(dtype),
+            head_scores=head_token.sum(-1),
+            head_token_scores=head_token,
+            parts={k: v.detach().cpu() for k, v in parts.items()},
+            meta={"explained_value": result.value.detach().cpu()},
+        )
+
+
+def alti_mixing_matrices(
+    model: Any, inputs: Any, target: Target | None = None, *, chunk_size: int | None = None
+) -> tuple[Batch, Forward, list[Tensor]]:
+    """Every layer's ALTI mixing matrix ``[batch, pos, pos]`` (decoders: rows ≤ target)."""
+    batch, target = prepare(model, inputs, target)
+    with model_guard(model):
+        result, cache = run_alti_forward(
+            model, batch, target, set(range(model.cfg.n_layers)), chunk_size
+        )
+    return batch, result, [cache.mats[k] for k in range(model.cfg.n_layers)]
+
+
+@register("alti", per_layer=True)
+def alti(
+    model: Any,
+    inputs: Any,
+    target: Target | None = None,
+    *,
+    chunk_size: int | None = None,
+) -> Attribution:
+    """ALTI (Ferrando et al. 2022): rollout of token-mixing matrices, the target row.
+
+    ``scores[b] = (A_{L−1} ⋯ A_0)[t_b]``; ``layer_scores[b, l] = (A_l ⋯ A_0)[t_b]`` (contributions
+    of the input tokens to the representation of the target position after layer l). Rows sum
+    to 1 over real tokens. Option ``chunk_size`` as in ``alti_logit``.
+    """
+    _check_options(chunk_size)
+    started = time.perf_counter()
+    batch, result, mats = alti_mixing_matrices(model, inputs, target, chunk_size=chunk_size)
+    n_layers = model.cfg.n_layers
+    positions = result.resolved.positions
+    rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)
+    rows[torch.arange(batch.size), :, positions] = 1.0
+    layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
+    scores = layer_scores[:, -1]
+    check_finite("alti", scores)
+    return make_attribution(
+        model,
+        batch,
+        result.resolved,
+        "alti",
+        scores,
+        started=started,
+        options={"chunk_size": chunk_size},
+        layer_scores=layer_scores,
+        meta={"target_position_only": result.position_only},
+    )

@@ -1,0 +1,209 @@
+"""Grad-ELLM: gradient-weighted, similarity-weighted values of the attention (Huang & Chan).
+
+For layer ``k``, the explained scalar ``l`` (a step's target logit) at query position ``p`` and
+every head ``h`` (GQA: ``g(h)`` is the key/value head that query head reads):
+
+- channel weights  ``w_{h,c} = ∂l / ∂z_{p,h,c}``, the gradient at the attention output of the
+  query position (``hook_z``, before ``W_O``);
+- token weights    ``λ_{h,i} = Φ(q_{p,h} · k_{i,g(h)})`` over the key positions ``i`` the query
+  sees (real tokens, ``i ≤ p`` for causal models), with ``Φ`` the min–max normalization
+  (``similarity="minmax"``, the paper's loosened attention), the plain attention pattern
+  (``"softmax"``: the model's ``hook_pattern`` row), or one min–max similarity of the concatenated
+  heads, ``Φ(Σ_h q_{p,h} · k_{i,g(h)})`` shared by all heads (``"concat"``, as in Grad-ECLIP). A
+  constant similarity row gives ``λ = 0`` (never NaN). Rotary models use the rotated q and k;
+- map              ``H^(k)_i = ReLU(Σ_h Σ_c w_{h,c} λ_{h,i} v_{i,g(h),c})``.
+
+The maps of the selected layers (the last ``n_layers``, default 1, or ``layers=[...]``) are summed
+and normalized to sum 1 over the real tokens (all zero when the sum is zero). ``layer_scores``
+holds the raw per-layer maps ``[batch, n_selected, pos]`` (layer indices in ``meta["layers"]``).
+q, k, v come from one forward (hooks), the gradient from one backward pass to the earliest
+selected ``hook_z`` (``torch.autograd.grad``); no second forward. With ``Target(generate=N)``
+every generated step is a row of the batch (``scores`` ``[steps, pos]``) and
+``meta["step_aggregate"]`` is the mean of the step maps ``[pos]`` (prompt tokens:
+``[:meta["prompt_length"]]``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from lens_attrib.attribution import Attribution
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.common import (
+    check_finite,
+    grad_context,
+    hooked_forward,
+    make_attribution,
+    prepare,
+)
+from lens_attrib.methods.registry import register
+from lens_attrib.models import is_encoder
+from lens_attrib.target import Target
+
+SIMILARITIES = ("minmax", "softmax", "concat")
+
+
+def select_layers(model: Any, n_layers: int = 1, layers: Sequence[int] | None = None) -> list[int]:
+    """Explicit ``layers`` (negative counts from the end) or the last ``n_layers``."""
+    total = int(model.cfg.n_layers)
+    if layers is not None:
+        raw = [int(layer) for layer in layers]
+        chosen = sorted({layer % total for layer in raw})
+        if not raw or len(chosen) != len(raw) or not all(-total <= x < total for x in raw):
+            raise ValueError(
+                f"layers must be one or more distinct indices in [-{total}, {total}), got {raw}."
+            )
+        return chosen
+    if not 1 <= n_layers <= total:
+        raise ValueError(f"n_layers must be in 1..{total}, got {n_layers}.")
+    return list(range(total - n_layers, total))
+
+
+def key_mask(batch: Batch, positions: Tensor, causal: bool) -> Bool[Tensor, "batch pos"]:
+    """Key positions each query sees: real tokens, and ``i ≤ p`` for causal attention."""
+    mask = batch.mask.clone()
+    if causal:
+        idx = torch.arange(batch.length, device=mask.device)
+        mask &= idx[None, :] <= positions[:, None]
+    return mask
+
+
+def minmax(
+    s: Float[Tensor, "batch head pos"], allowed: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch head pos"]:
+    """``(s − min) / (max − min)`` over the allowed positions; 0 elsewhere and for constant rows."""
+    allow = allowed[:, None, :]
+    hi = s.masked_fill(~allow, float("-inf")).amax(-1, keepdim=True)
+    lo = s.masked_fill(~allow, float("inf")).amin(-1, keepdim=True)
+    span = hi - lo
+    ok = span > 0
+    out = (s - lo) / torch.where(ok, span, torch.ones_like(span))
+    return out.masked_fill(~(allow & ok), 0.0)
+
+
+def layer_map(
+    q: Float[Tensor, "batch head d_head"],
+    k: Float[Tensor, "batch pos kv_head d_head"],
+    v: Float[Tensor, "batch pos kv_head d_head"],
+    w: Float[Tensor, "batch head d_head"],
+    allowed: Bool[Tensor, "batch pos"],
+    similarity: str,
+    pattern: Float[Tensor, "batch head pos"] | None = None,
+) -> Float[Tensor, "batch pos"]:
+    """``H_i = ReLU(Σ_h Σ_c w_{h,c} λ_{h,i} v_{i,g(h),c})`` for one layer (module docstring)."""
+    n_heads, n_kv = q.shape[1], k.shape[2]
+    group = n_heads // n_kv
+    k_h = k.repeat_interleave(group, dim=2) if group > 1 else k  # [batch, pos, head, d_head]
+    v_h = v.repeat_interleave(group, dim=2) if group > 1 else v
+    if similarity == "softmax":
+        if pattern is None:
+            raise ValueError("similarity='softmax' needs the attention pattern row.")
+        lam = pattern.masked_fill(~allowed[:, None, :], 0.0)
+    else:
+        s = torch.einsum("bhc,bihc->bhi", q, k_h)
+        if similarity == "concat":
+            lam = minmax(s.sum(1, keepdim=True), allowed).expand_as(s)
+        else:
+            lam = minmax(s, allowed)
+    wv = torch.einsum("bhc,bihc->bhi", w, v_h)
+    return torch.relu((lam * wv).sum(1))
+
+
+def _row_hook(store: dict[str, Tensor], name: str, rows: Tensor, dim: int) -> Any:
+    """Keep only each item's query row of an activation (``dim``: the query-position axis)."""
+
+    def hook(x: Tensor, hook: Any) -> None:
+        x = x.detach()
+        items = torch.arange(x.shape[0], device=x.device)
+        store[name] = x[items, rows] if dim == 1 else x[items, :, rows]
+
+    return hook
+
+
+def _keep_hook(store: dict[str, Tensor], name: str) -> Any:
+    def hook(x: Tensor, hook: Any) -> None:
+        store[name] = x.detach()
+
+    return hook
+
+
+@register("grad_ellm", per_layer=True, uses_gradient=True)
+def grad_ellm(
+    model: Any,
+    inputs: Any,
+    target: Target | None = None,
+    *,
+    n_layers: int = 1,
+    layers: Sequence[int] | None = None,
+    similarity: str = "minmax",
+) -> Attribution:
+    """Grad-ELLM over the last ``n_layers`` (or ``layers``); see the module docstring."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    started = time.perf_counter()
+    batch, target = prepare(model, inputs, target)
+    chosen = select_layers(model, n_layers, layers)
+    positions = target.positions(batch)
+    rotary = model.cfg.positional_embedding_type == "rotary"
+    qn, kn = ("hook_rot_q", "hook_rot_k") if rotary else ("hook_q", "hook_k")
+    store: dict[str, Tensor] = {}
+    hooks: list[tuple[str, Any]] = []
+    for layer in chosen:
+        a = f"blocks.{layer}.attn."
+        hooks += [
+            (a + qn, _row_hook(store, f"{layer}.q", positions, 1)),
+            (a + kn, _keep_hook(store, f"{layer}.k")),
+            (a + "hook_v", _keep_hook(store, f"{layer}.v")),
+        ]
+        if similarity == "softmax":
+            hooks.append((a + "hook_pattern", _row_hook(store, f"{layer}.pattern", positions, 2)))
+    z_names = [f"blocks.{layer}.attn.hook_z" for layer in chosen]
+    with grad_context(model):
+        result = hooked_forward(model, batch, target, capture=z_names, fwd_hooks=hooks)
+        zs = [result.captured[n] for n in z_names]
+        grads = torch.autograd.grad(result.value.sum(), zs, allow_unused=True)
+    allowed = key_mask(batch, positions, causal=not is_encoder(model))
+    items = torch.arange(batch.size, device=positions.device)
+    maps = []
+    for layer, z, g in zip(chosen, zs, grads):
+        g = torch.zeros_like(z) if g is None else g
+        w = g[items, positions].detach()  # [batch, head, d_head]
+        maps.append(
+            layer_map(
+                store[f"{layer}.q"],
+                store[f"{layer}.k"],
+                store[f"{layer}.v"],
+                w,
+                allowed,
+                similarity,
+                store.get(f"{layer}.pattern"),
+            )
+        )
+    per_layer = torch.stack(maps, dim=1).masked_fill(~batch.mask[:, None, :], 0.0)
+    total = per_layer.sum(1)
+    norm = total.sum(-1, keepdim=True)
+    scores = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
+    check_finite("grad_ellm", scores)
+    meta: dict[str, Any] = {"layers": chosen, "explained_value": result.value.detach().cpu()}
+    if "generation" in batch.extra:
+        meta["step_aggregate"] = scores.detach().mean(0).cpu()
+    return make_attribution(
+        model,
+        batch,
+        result.resolved,
+        "grad_ellm",
+        scores,
+        started=started,
+        options={"n_layers": n_layers, "layers": layers, "similarity": similarity},
+        layer_scores=per_layer,
+        meta=meta,
+    )
+
+
+__all__ = ["grad_ellm", "layer_map", "minmax", "select_layers"]

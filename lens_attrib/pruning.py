@@ -1,0 +1,543 @@
+"""Head pruning: per-head relevances → pooling → pruning order → accuracy curve.
+
+Reuses the per-head relevances the attribution methods already produce (no attribution code of
+its own), following the head-pruning evaluation of Arras et al. (2025), "A Close Look at
+Decomposition-based XAI-Methods for Transformer Language Models":
+
+1. **Relevance of every head.** A method run with ``heads=True`` returns the relevance of every
+   element of every head's output ``z`` (``attn.hook_z``), ``R[b, l, h, p, d]`` in
+   ``Attribution.parts["head_dim_relevance"]``. It is pooled to one number per head and item:
+
+   - ``"relu_dim"``   ("ReLU dim"):       ``Σ_p Σ_d max(0, R[p, d])``
+   - ``"relu_token"`` ("ReLU per token"): ``Σ_p max(0, Σ_d R[p, d])``
+   - ``"none"``       ("no ReLU"):        ``Σ_p Σ_d R[p, d]``
+
+   and averaged over the items. Methods without a ``d_head`` axis (``alti_logit``, whose
+   ``head_token_scores[b, l, h, p]`` is the contribution of token ``p`` through head ``h`` to the
+   logit) are pooled with each token's contribution taken as one dimension (``d = 1``), so for
+   them "ReLU dim" and "ReLU per token" coincide. Padding positions never count.
+
+2. **Pruning curve.** Heads are pruned least relevant first, ``step`` at a time, by zeroing the
+   head's output ``z`` with a hook (:func:`lens_attrib.hooks.masking.head_mask_hooks`; a *query*
+   head in grouped-query models); the model's weights are never modified. After every step the
+   evaluation set is run and the task accuracy (``logit(target) > logit(foil)`` at the last real
+   position) and the mean logit difference ``logit(target) − logit(foil)`` are recorded. A random
+   order (averaged over seeds) is the baseline; the area under each curve is the trapezoid over
+   the fraction of heads pruned.
+
+Evaluations are batched and memoised by the set of pruned heads, so points shared by several
+curves (no head pruned, every head pruned, identical orders) run once; the tokenized batches are
+shared between the relevance pass and the evaluation pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lens_attrib.attribution import Attribution
+from lens_attrib.hooks.guard import model_guard
+from lens_attrib.hooks.masking import head_mask_hooks
+from lens_attrib.inputs import Batch, to_batch
+from lens_attrib.methods.common import final_residual
+from lens_attrib.methods.registry import METHODS, attribute
+from lens_attrib.target import Target, TargetError, default_head, single_token_id
+
+POOLINGS: dict[str, str] = {
+    "relu_dim": "ReLU dim",
+    "relu_token": "ReLU per token",
+    "none": "no ReLU",
+}
+"""Pooling name -> the decomposition paper's label."""
+
+PRUNING_METHODS = ("attnlrp", "lrp", "grad_x_input", "gradient", "alti_logit")
+"""Methods whose per-head relevances the pruning experiment compares."""
+
+RANDOM = "random"
+
+
+# --------------------------------------------------------------------------------- pooling
+def pool_head_relevance(
+    relevance: Float[Tensor, "batch layer head pos d"] | Float[Tensor, "batch layer head pos"],
+    mask: Bool[Tensor, "batch pos"],
+    pooling: str,
+) -> Float[Tensor, "batch layer head"]:
+    """Pool the relevance of a head's output ``[pos, d_head]`` to one score per head and item.
+
+    ``"relu_dim"``: ``Σ_p Σ_d max(0, R_pd)``; ``"relu_token"``: ``Σ_p max(0, Σ_d R_pd)``;
+    ``"none"``: ``Σ_p Σ_d R_pd`` (Arras et al. 2025). A 4-d input ``[batch, layer, head, pos]``
+    is taken as ``d = 1`` (each token's contribution one dimension). Positions where ``mask`` is
+    False (padding) never count, whatever they hold.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
+    rel = relevance[..., None] if relevance.ndim == 4 else relevance
+    if rel.ndim != 5:
+        raise ValueError(
+            f"Head relevance must be [batch, layer, head, pos(, d)], got {tuple(relevance.shape)}"
+        )
+    if mask.shape != (rel.shape[0], rel.shape[3]):
+        raise ValueError(f"mask {tuple(mask.shape)} does not match relevance {tuple(rel.shape)}")
+    real = mask.to(device=rel.device, dtype=torch.bool)[:, None, None, :, None]
+    rel = torch.where(real, rel, torch.zeros((), dtype=rel.dtype, device=rel.device))
+    if pooling == "relu_dim":
+        return rel.clamp(min=0).sum(dim=(-1, -2))
+    if pooling == "relu_token":
+        return rel.sum(-1).clamp(min=0).sum(-1)
+    return rel.sum(dim=(-1, -2))
+
+
+def head_relevance_tensor(
+    attribution: Attribution,
+) -> Float[Tensor, "batch layer head pos d"]:
+    """The un-pooled head-output relevance of an Attribution, ``[batch, layer, head, pos, d]``.
+
+    ``parts["head_dim_relevance"]`` when the method has a ``d_head`` axis (LRP, AttnLRP,
+    Gradient×Input, Gradient with ``heads=True``); otherwise ``head_token_scores`` with ``d = 1``
+    (ALTI-Logit's per-head, per-token logit contributions).
+    """
+    dims = attribution.parts.get("head_dim_relevance")
+    if dims is not None:
+        return dims
+    if attribution.head_token_scores is not None:
+        return attribution.head_token_scores[..., None]
+    raise ValueError(
+        f"Method {attribution.method!r} returned no per-head relevance (neither "
+        "parts['head_dim_relevance'] nor head_token_scores): run it with heads=True, or use "
+        f"one of {list(PRUNING_METHODS)}."
+    )
+
+
+# ------------------------------------------------------------------------------ task data
+def _triple(item: Any) -> tuple[str, str, str]:
+    if isinstance(item, tuple | list):
+        prompt, target, foil = item
+    else:
+        prompt, target, foil = item.prompt, item.target, item.foil
+    if target is None or foil is None:
+        raise TargetError(f"Pruning needs a target and a foil for every item; got {item!r}")
+    return str(prompt), str(target), str(foil)
+
+
+def single_token_items(model: Any, items: Iterable[Any]) -> list[Any]:
+    """The items whose target and foil are each exactly one token for ``model``'s tokenizer."""
+    kept = []
+    for item in items:
+        _, target, foil = _triple(item)
+        try:
+            single_token_id(model, target, "target")
+            single_token_id(model, foil, "foil")
+        except TargetError:
+            continue
+        kept.append(item)
+    return kept
+
+
+@dataclass
+class TaskSet:
+    """Tokenized items with their target and foil ids, in batches (shared by both passes).
+
+    Build with :meth:`build` from ``TaskItem``-like objects (``.prompt``, ``.target``, ``.foil``)
+    or ``(prompt, target, foil)`` tuples; targets and foils must be single tokens.
+    """
+
+    batches: list[Batch]
+    token_ids: list[Int[Tensor, "batch"]]
+    foil_ids: list[Int[Tensor, "batch"]]
+    items: list[int] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, model: Any, items: Sequence[Any], batch_size: int = 32) -> TaskSet:
+        """Tokenize ``items`` into batches of at most ``batch_size``.
+
+        Items are sorted by token length before batching, so that a batch holds items of similar
+        length and little padding is computed; ``items[i]`` is the original index of the i-th
+        batched row (results are returned in the original order).
+        """
+        if not items:
+            raise ValueError("No items: pass at least one (prompt, target, foil) item.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        triples = [_triple(item) for item in items]
+        lengths = [int(to_batch(model, prompt).length) for prompt, _, _ in triples]
+        order = sorted(range(len(triples)), key=lambda i: lengths[i])
+        batches, tokens, foils = [], [], []
+        for start in range(0, len(order), batch_size):
+            chunk = [triples[i] for i in order[start : start + batch_size]]
+            batch = to_batch(model, [p for p, _, _ in chunk])
+            device = batch.tokens.device
+            ids = [single_token_id(model, t, "target") for _, t, _ in chunk]
+            foil_ids = [single_token_id(model, f, "foil") for _, _, f in chunk]
+            tokens.append(torch.tensor(ids, device=device))
+            foils.append(torch.tensor(foil_ids, device=device))
+            batches.append(batch)
+        return cls(batches, tokens, foils, order)
+
+    def __len__(self) -> int:
+        return sum(b.size for b in self.batches)
+
+    def targets(self) -> list[Target]:
+        """The contrastive Target (target − foil logit) of every batch."""
+        return [Target(token=t, foil=f) for t, f in zip(self.token_ids, self.foil_ids)]
+
+
+# ------------------------------------------------------------------------------- relevance
+def _accepts(fn: Any, option: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return option in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def head_relevance(
+    model: Any,
+    data: TaskSet | Sequence[Any],
+    method: str,
+    poolings: Sequence[str] = tuple(POOLINGS),
+    *,
+    contrastive: bool = True,
+    batch_size: int = 32,
+    progress: bool = False,
+    **options: Any,
+) -> dict[str, Float[Tensor, "layer head"]]:
+    """Mean pooled relevance of every head over a dataset, for each pooling (one method pass).
+
+    ``R̄[l, h] = (1/N) Σ_b pool(R_b[l, h, :, :])`` with ``pool`` from :func:`pool_head_relevance`.
+    The explained scalar is ``logit(target) − logit(foil)`` at the last real position
+    (``contrastive=False``: the target logit alone). ``options`` go to the method (``heads=True``
+    is added when the method takes it).
+    """
+    if method not in METHODS:
+        raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
+    for pooling in poolings:
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
+    task = data if isinstance(data, TaskSet) else TaskSet.build(model, data, batch_size)
+    opts = dict(options)
+    if _accepts(METHODS[method], "heads"):
+        opts.setdefault("heads", True)
+    sums = {p: torch.zeros((), dtype=torch.float64) for p in poolings}
+    count = 0
+    pairs = list(zip(task.batches, task.targets()))
+    for batch, target in tqdm(pairs, desc=f"relevance {method}", disable=not progress):
+        if not contrastive:
+            target = target.with_(foil=None)
+        attr = attribute(model, batch, target, method=method, **opts)
+        rel = head_relevance_tensor(attr)
+        for pooling in poolings:
+            pooled = pool_head_relevance(rel, attr.mask, pooling).detach().cpu().double()
+            if not torch.isfinite(pooled).all():
+                raise FloatingPointError(f"{method} gave non-finite head relevances ({pooling}).")
+            sums[pooling] = sums[pooling] + pooled.sum(0)
+        count += batch.size
+    return {p: s / count for p, s in sums.items()}
+
+
+def pruning_order(relevance: Float[Tensor, "layer head"]) -> Int[Tensor, "n_heads"]:
+    """Flat head indices (``layer * n_heads + head``), least relevant first (stable on ties)."""
+    flat = relevance.detach().reshape(-1).double().cpu()
+    return torch.sort(flat, stable=True).indices
+
+
+def random_order(n_layers: int, n_heads: int, seed: int) -> Int[Tensor, "n_heads"]:
+    """A uniformly random pruning order, reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.randperm(n_layers * n_heads, generator=gen)
+
+
+def checkpoints(n_total: int, step: int = 1, max_pruned: int | None = None) -> list[int]:
+    """Numbers of pruned heads at which the curve is recorded: 0, step, 2·step, …, max_pruned."""
+    if step < 1:
+        raise ValueError(f"step must be >= 1, got {step}")
+    last = n_total if max_pruned is None else max(0, min(int(max_pruned), n_total))
+    points = list(range(0, last + 1, step))
+    if points[-1] != last:
+        points.append(last)
+    return points
+
+
+# ------------------------------------------------------------------------------ evaluation
+@dataclass(frozen=True)
+class EvalPoint:
+    """Task accuracy and mean logit difference of the (pruned) model on an evaluation set."""
+
+    accuracy: float
+    logit_diff: float
+
+
+def _keep_from_pruned(n_layers: int, n_heads: int, pruned: Tensor) -> Tensor:
+    keep = torch.ones(n_layers * n_heads, dtype=torch.bool)
+    keep[pruned.cpu()] = False
+    return keep.reshape(n_layers, n_heads)
+
+
+def logit_differences(
+    model: Any, task: TaskSet, keep: Bool[Tensor, "layer head"] | None = None
+) -> Float[Tensor, "n_items"]:
+    """``logit(target) − logit(foil)`` at every item's last real token, heads masked by ``keep``.
+
+    The forward stops before ``ln_final``; the head is applied to the last real row only.
+    """
+    hooks = [] if keep is None else head_mask_hooks(keep)
+    head = default_head(model)
+    diffs = []
+    with model_guard(model), torch.inference_mode(), model.hooks(fwd_hooks=hooks):
+        for batch, tok, foil in zip(task.batches, task.token_ids, task.foil_ids):
+            resid = final_residual(model, batch)
+            rows = resid[torch.arange(batch.size, device=resid.device), batch.last_real]
+            logits = head(rows)
+            idx = torch.arange(batch.size, device=logits.device)
+            diffs.append((logits[idx, tok] - logits[idx, foil]).double().cpu())
+    batched = torch.cat(diffs)
+    if not task.items:
+        return batched
+    return torch.empty_like(batched).index_copy_(0, torch.tensor(task.items), batched)
+
+
+def evaluate(
+    model: Any, task: TaskSet, keep: Bool[Tensor, "layer head"] | None = None
+) -> EvalPoint:
+    """Accuracy (``logit(target) > logit(foil)``) and mean logit difference, one batched pass."""
+    diffs = logit_differences(model, task, keep)
+    return EvalPoint(float((diffs > 0).double().mean()), float(diffs.mean()))
+
+
+class Evaluator:
+    """Evaluates masks on one task set, memoised by the set of pruned heads."""
+
+    def __init__(self, model: Any, task: TaskSet) -> None:
+        self.model = model
+        self.task = task
+        self.n_layers = int(model.cfg.n_layers)
+        self.n_heads = int(model.cfg.n_heads)
+        self.cache: dict[bytes, EvalPoint] = {}
+        self.forwards = 0
+
+    def __call__(self, pruned: Tensor) -> EvalPoint:
+        keep = _keep_from_pruned(self.n_layers, self.n_heads, pruned)
+        key = keep.numpy().tobytes()
+        if key not in self.cache:
+            self.cache[key] = evaluate(self.model, self.task, keep)
+            self.forwards += 1
+        return self.cache[key]
+
+
+# ---------------------------------------------------------------------------------- curves
+@dataclass
+class PruningCurve:
+    """Accuracy and mean logit difference after pruning ``n_pruned`` heads in ``order``."""
+
+    label: str
+    n_pruned: list[int]
+    accuracy: list[float]
+    logit_diff: list[float]
+    n_heads: int
+    order: list[int]
+    method: str | None = None
+    pooling: str | None = None
+    seed: int | None = None
+
+    @property
+    def fraction(self) -> np.ndarray:
+        """Fraction of all heads pruned at every point."""
+        return np.asarray(self.n_pruned, dtype=np.float64) / self.n_heads
+
+    def auc(self, metric: str = "accuracy") -> float:
+        """Trapezoid area under ``metric`` over the fraction of heads pruned.
+
+        With ``max_pruned`` below the number of heads the area covers ``[0, max_pruned/n]``.
+        """
+        values = np.asarray(getattr(self, metric), dtype=np.float64)
+        return float(np.trapezoid(values, self.fraction)) if len(values) > 1 else 0.0
+
+
+def curve_for_order(
+    evaluator: Evaluator,
+    order: Int[Tensor, "n_heads"],
+    *,
+    label: str,
+    step: int = 1,
+    max_pruned: int | None = None,
+    bar: Any = None,
+    **info: Any,
+) -> PruningCurve:
+    """Prune heads in ``order`` (flat indices), ``step`` at a time; evaluate at every point."""
+    n_total = evaluator.n_layers * evaluator.n_heads
+    order = torch.as_tensor(order, dtype=torch.long).cpu()
+    if sorted(order.tolist()) != list(range(n_total)):
+        raise ValueError(f"order must be a permutation of the {n_total} heads")
+    points = checkpoints(n_total, step, max_pruned)
+    accuracy, logit_diff = [], []
+    for k in points:
+        result = evaluator(order[:k])
+        accuracy.append(result.accuracy)
+        logit_diff.append(result.logit_diff)
+        if bar is not None:
+            bar.update(1)
+    return PruningCurve(label, points, accuracy, logit_diff, n_total, order.tolist(), **info)
+
+
+@dataclass
+class PruningResult:
+    """All curves of a pruning experiment, the head relevances they came from, and settings."""
+
+    curves: list[PruningCurve]
+    relevance: dict[str, Float[Tensor, "layer head"]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def labels(self) -> list[str]:
+        return list(dict.fromkeys(c.label for c in self.curves))
+
+    def by_label(self, label: str) -> list[PruningCurve]:
+        return [c for c in self.curves if c.label == label]
+
+    def aucs(self, metric: str = "accuracy") -> dict[str, tuple[float, float, int]]:
+        """Label -> (mean AUC, std AUC over curves with that label, number of curves)."""
+        out = {}
+        for label in self.labels():
+            values = np.array([c.auc(metric) for c in self.by_label(label)])
+            out[label] = (float(values.mean()), float(values.std()), int(values.size))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "curves": [asdict(c) for c in self.curves],
+            "relevance": {k: v.tolist() for k, v in self.relevance.items()},
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the result as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PruningResult:
+        return cls(
+            [PruningCurve(**c) for c in data["curves"]],
+            {k: torch.tensor(v, dtype=torch.float64) for k, v in data["relevance"].items()},
+            dict(data.get("meta", {})),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> PruningResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def run_pruning(
+    model: Any,
+    items: Sequence[Any],
+    methods: Sequence[str] = PRUNING_METHODS,
+    poolings: Sequence[str] = tuple(POOLINGS),
+    *,
+    relevance_items: Sequence[Any] | None = None,
+    step: int = 1,
+    max_pruned: int | None = None,
+    n_random: int = 10,
+    seed: int = 0,
+    batch_size: int = 32,
+    contrastive: bool = True,
+    method_options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: bool = True,
+) -> PruningResult:
+    """Head-pruning curves for every method × pooling, plus ``n_random`` random orders.
+
+    Relevances come from ``relevance_items`` (default: the evaluation ``items`` themselves,
+    sharing their tokenized batches); curves are evaluated on ``items``. Random orders use seeds
+    ``seed, seed+1, …``. The model is left unchanged (masks are hooks, removed afterwards).
+    """
+    task = TaskSet.build(model, items, batch_size)
+    rel_task = task
+    if relevance_items is not None:
+        rel_task = TaskSet.build(model, relevance_items, batch_size)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    n_total = n_layers * n_heads
+    relevance: dict[str, Tensor] = {}
+    for method in methods:
+        opts = dict((method_options or {}).get(method, {}))
+        pooled = head_relevance(
+            model, rel_task, method, poolings, contrastive=contrastive, progress=progress, **opts
+        )
+        for pooling, rel in pooled.items():
+            relevance[f"{method}/{pooling}"] = rel
+    evaluator = Evaluator(model, task)
+    n_points = len(checkpoints(n_total, step, max_pruned))
+    n_curves = len(relevance) + n_random
+    curves: list[PruningCurve] = []
+    with tqdm(total=n_curves * n_points, desc="pruning", disable=not progress) as bar:
+        for label, rel in relevance.items():
+            method, pooling = label.split("/")
+            curves.append(
+                curve_for_order(
+                    evaluator,
+                    pruning_order(rel),
+                    label=label,
+                    step=step,
+                    max_pruned=max_pruned,
+                    bar=bar,
+                    method=method,
+                    pooling=pooling,
+                )
+            )
+        for i in range(n_random):
+            curves.append(
+                curve_for_order(
+                    evaluator,
+                    random_order(n_layers, n_heads, seed + i),
+                    label=RANDOM,
+                    step=step,
+                    max_pruned=max_pruned,
+                    bar=bar,
+                    seed=seed + i,
+                )
+            )
+    meta = {
+        "model": getattr(model.cfg, "model_name", None),
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_items": len(task),
+        "n_relevance_items": len(rel_task),
+        "step": step,
+        "max_pruned": max_pruned,
+        "n_random": n_random,
+        "seed": seed,
+        "contrastive": contrastive,
+        "forwards": evaluator.forwards,
+    }
+    return PruningResult(curves, relevance, meta)
+
+
+__all__ = [
+    "POOLINGS",
+    "PRUNING_METHODS",
+    "RANDOM",
+    "EvalPoint",
+    "Evaluator",
+    "PruningCurve",
+    "PruningResult",
+    "TaskSet",
+    "checkpoints",
+    "curve_for_order",
+    "evaluate",
+    "head_relevance",
+    "head_relevance_tensor",
+    "logit_differences",
+    "pool_head_relevance",
+    "pruning_order",
+    "random_order",
+    "run_pruning",
+    "single_token_items",
+]
