@@ -13,7 +13,7 @@ Reports, measured in one run:
 2. The largest batch NormXLogit runs at T = 512 within 8 GB (8·10⁹ bytes). Each probe batch size
    runs in a fresh subprocess: load the model, reset the kernel's peak-RSS counter
    (``/proc/self/clear_refs`` ← 5), run NormXLogit once, read the peak RSS (``VmHWM``). A least
-   squares line ``peak(B) = a + b·B`` through the probes (a = model weights + runtime, b = memory per
+   squares line ``peak(B) = a + b·B`` through the probes (a = weights + runtime, b = memory per
    item) gives ``B_max = floor((8·10⁹ − a) / b)`` for the whole process (weights included).
 
 Prints a markdown table and writes ``results/bench_logit_lens.json``.
@@ -83,6 +83,7 @@ def probe(batch: int, length: int, mode: str) -> dict[str, Any]:
 def run_probe(batch: int, length: int, mode: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.bench_logit_lens", "--probe", str(batch)]
     cmd += ["--probe-length", str(length), "--probe-mode", mode]
+    cmd += ["--threads", str(torch.get_num_threads())]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=dict(os.environ))
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -143,19 +144,20 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--probe-batches", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--memory-length", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a busy host)")
     parser.add_argument("--out", default="results/bench_logit_lens.json")
     parser.add_argument("--probe", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--probe-length", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_argument("--probe-mode", default="prediction", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    torch.set_num_threads(args.threads)
     if args.probe is not None:
         print(json.dumps(probe(args.probe, args.probe_length, args.probe_mode)))
         return
 
     model = load()
     timings(model, 16, 1)  # warm-up
-    per_length = {}
+    per_length: dict[int, dict[str, Any]] = {}
     for length in args.lengths:
         t = timings(model, length, args.reps)
         per_length[length] = {

@@ -23,12 +23,12 @@ import warnings
 from pathlib import Path
 
 import torch
+from lens_attrib.hooks.guard import model_guard
 
 from lens_attrib import attribute, load_model
 from lens_attrib.data import generate_sva
 from lens_attrib.evaluation.faithfulness import target_outputs
 from lens_attrib.evaluation.soft import DEFAULT_PIS, soft_metrics
-from lens_attrib.hooks.guard import model_guard
 
 
 def _time(fn, repeats: int) -> float:

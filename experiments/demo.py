@@ -69,10 +69,8 @@ def explain_example(model: Any, item: Any) -> list[Any]:
 
 
 def ground_truth_table(model: Any, items: list[Any]) -> dict[str, dict[str, float]] | None:
-    try:
-        from lens_attrib.evaluation import plausibility
-    except ImportError:
-        return None
+    from lens_attrib.evaluation import plausibility
+
     prepend = bool(model.cfg.default_prepend_bos)
     evidence = [evidence_token_positions(it, model.tokenizer, prepend_bos=prepend) for it in items]
     table: dict[str, dict[str, float]] = {}
@@ -82,28 +80,44 @@ def ground_truth_table(model: Any, items: list[Any]) -> dict[str, dict[str, floa
             attr = attribute(model, [it.prompt for it in items], target, method=name)
         except Exception:
             continue
-        table[name] = plausibility.summary(attr, evidence, ["pointing_game", "mrr"])
+        values = plausibility(attr, evidence, ["pointing_game", "mrr"])
+        table[name] = {metric: float(v.nanmean()) for metric, v in values.items()}
     return table
 
 
-def write_report(path: Path, accuracy: dict[str, float], attributions: list[Any],
-                 table: dict[str, dict[str, float]] | None, item: Any) -> None:
-    parts = ["<html><head><meta charset='utf-8'><title>lens_attrib demo</title></head><body>",
-             "<h1>lens_attrib demo: SmolLM2-135M-Instruct</h1><h2>Accuracy</h2><ul>"]
+def write_report(
+    path: Path,
+    accuracy: dict[str, float],
+    attributions: list[Any],
+    table: dict[str, dict[str, float]] | None,
+    item: Any,
+) -> None:
+    parts = [
+        "<html><head><meta charset='utf-8'><title>lens_attrib demo</title></head><body>",
+        "<h1>lens_attrib demo: SmolLM2-135M-Instruct</h1><h2>Accuracy</h2><ul>",
+    ]
     parts += [f"<li>{html.escape(k)}: {v:.3f}</li>" for k, v in accuracy.items()]
-    parts.append(f"</ul><h2>One example</h2><p>{html.escape(item.prompt)} → "
-                 f"{html.escape(repr(item.target))} vs {html.escape(repr(item.foil))}</p>")
+    parts.append(
+        f"</ul><h2>One example</h2><p>{html.escape(item.prompt)} → "
+        f"{html.escape(repr(item.target))} vs {html.escape(repr(item.foil))}</p>"
+    )
     parts += [a.to_html() for a in attributions]
     if table:
-        parts.append("<h2>Ground truth (subject noun)</h2><table border=1><tr><th>method</th>"
-                     "<th>PG</th><th>MRR</th></tr>")
+        parts.append(
+            "<h2>Ground truth (subject noun)</h2><table border=1><tr><th>method</th>"
+            "<th>PG</th><th>MRR</th></tr>"
+        )
         for name, row in table.items():
-            parts.append(f"<tr><td>{html.escape(name)}</td><td>{row['pointing_game']:.3f}</td>"
-                         f"<td>{row['mrr']:.3f}</td></tr>")
+            parts.append(
+                f"<tr><td>{html.escape(name)}</td><td>{row['pointing_game']:.3f}</td>"
+                f"<td>{row['mrr']:.3f}</td></tr>"
+            )
         parts.append("</table>")
     parts.append("<h2>Figures</h2>")
     for i, attr in enumerate(attributions):
-        parts.append(attr.plot().to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False))
+        parts.append(
+            attr.plot().to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False)
+        )
     parts.append("</body></html>")
     path.write_text("\n".join(parts), encoding="utf-8")
 

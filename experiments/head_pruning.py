@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             fig.write_html(out / f"{task}_{metric}.html")
         print(
             f"\n== {task}: {len(items)} items, unpruned accuracy {result.curves[0].accuracy[0]:.3f}"
-            f", {result.meta['forwards']} evaluation passes, {seconds:.0f} s =="
+            f", {result.meta['masks_evaluated']} masks evaluated, {seconds:.0f} s =="
         )
         print(auc_table(result))
         print(f"keeps accuracy longest: {best_method(result)}")

@@ -117,8 +117,6 @@ def model_state_fingerprint(model: nn.Module) -> dict[str, Any]:
         "grads": {n: (None if g is None else id(g)) for n, g in snap.grads.items()},
         "dtypes": snap.dtypes,
         "devices": snap.devices,
-        "hooks": {
-            n: {a: len(k) for a, k in d.items()} for n, d in snap.hook_keys.items()
-        },
+        "hooks": {n: {a: len(k) for a, k in d.items()} for n, d in snap.hook_keys.items()},
         "hookpoint_handles": snap.hookpoint_handles,
     }

@@ -70,3 +70,26 @@ def value_zeroing_hooks(
         return v * keep[:, :, None, None]
 
     return [(f"blocks.{layer}.attn.hook_v", hook) for layer in range(n_layers)]
+
+
+def item_head_mask_hooks(
+    keep: Float[Tensor, "batch layer head"] | Bool[Tensor, "batch layer head"],
+) -> list[tuple[str, HookFn]]:
+    """Per-item head masks: ``z[b, :, h]`` of layer ``l`` is multiplied by ``keep[b, l, h]``.
+
+    Like :func:`head_mask_hooks`, but every item of the batch has its own mask, so that many
+    pruning masks are evaluated in one forward (the items repeated once per mask). Layers where
+    every item keeps every head get no hook.
+    """
+    keep = keep.to(torch.float64) if keep.dtype == torch.bool else keep
+    hooks: list[tuple[str, HookFn]] = []
+    for layer in range(keep.shape[1]):
+        rows = keep[:, layer]
+        if bool((rows == 1).all()):
+            continue
+
+        def hook(z: Tensor, hook: Any, rows: Tensor = rows) -> Tensor:
+            return z * rows.to(device=z.device, dtype=z.dtype)[:, None, :, None]
+
+        hooks.append((f"blocks.{layer}.attn.hook_z", hook))
+    return hooks

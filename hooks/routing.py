@@ -28,6 +28,24 @@ def pattern_hook_names(n_layers: int) -> list[str]:
     return [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
 
 
+def pattern_cache_hooks(
+    store: dict[str, list[Tensor]],
+) -> Callable[[int], list[tuple[str, HookFn]]]:
+    """``make(n_layers)`` gives hooks that append every layer's (detached) pattern to ``store``.
+
+    Use with any forward (decoder or encoder, chunked or not); concatenate the lists afterwards.
+    """
+
+    def save(pattern: Tensor, hook: Any) -> Tensor:
+        store.setdefault(hook.name, []).append(pattern.detach())
+        return pattern
+
+    def make(n_layers: int) -> list[tuple[str, HookFn]]:
+        return [(name, save) for name in pattern_hook_names(n_layers)]
+
+    return make
+
+
 def cache_patterns(
     model: Any, tokens: Int[Tensor, "batch pos"], **forward_kwargs: Any
 ) -> dict[str, Float[Tensor, "batch head q k"]]:
@@ -79,4 +97,4 @@ def fixed_routing_hooks(
     return [(name, make(clean)) for name, clean in patterns.items()]
 
 
-__all__ = ["cache_patterns", "fixed_routing_hooks", "pattern_hook_names"]
+__all__ = ["cache_patterns", "fixed_routing_hooks", "pattern_cache_hooks", "pattern_hook_names"]

@@ -1,9 +1,9 @@
 """lens_attrib: token- and head-level attributions for TransformerLens models.
 
-    from lens_attrib import load_model, attribute, Target
-    model = load_model("smollm2-135m")
-    attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
-                     method="grad_x_input")
+from lens_attrib import load_model, attribute, Target
+model = load_model("smollm2-135m")
+attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
+                 method="grad_x_input")
 """
 
 from lens_attrib.attribution import Attribution

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lens_attrib.models import is_encoder
 
+
 class InputError(ValueError):
     """Raised for inputs a method cannot explain (empty, too long, malformed)."""
 
@@ -90,7 +91,7 @@ class Batch:
         )
 
     def real_index(self, item: int, real_position: int) -> int:
-        """Padded index of the ``real_position``-th real token of ``item`` (negative from the end)."""
+        """Padded index of ``item``'s ``real_position``-th real token (negative: from the end)."""
         n = int(self.lengths[item])
         if not -n <= real_position < n:
             raise InputError(
@@ -98,8 +99,10 @@ class Batch:
                 f"(valid: {-n}..{n - 1})."
             )
         real_position %= n
-        return int(self.first_real[item]) + real_position if self.padding_side == "left" else (
-            real_position
+        return (
+            int(self.first_real[item]) + real_position
+            if self.padding_side == "left"
+            else (real_position)
         )
 
     def model_kwargs(self) -> dict[str, Tensor]:
@@ -182,11 +185,19 @@ def to_batch(
             raise InputError("Token tensors must hold integer ids, got a floating tensor.")
         t = inputs if inputs.ndim == 2 else inputs.unsqueeze(0)
         if t.ndim != 2:
-            raise InputError(f"Token tensors must be [pos] or [batch, pos], got {tuple(inputs.shape)}.")
-        m = torch.ones_like(t, dtype=torch.bool) if mask is None else mask.to(torch.bool).reshape(t.shape)
+            raise InputError(
+                f"Token tensors must be [pos] or [batch, pos], got {tuple(inputs.shape)}."
+            )
+        m = (
+            torch.ones_like(t, dtype=torch.bool)
+            if mask is None
+            else mask.to(torch.bool).reshape(t.shape)
+        )
         sequences = [row[mrow].tolist() for row, mrow in zip(t.cpu(), m.cpu())]
         texts = None
-    elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs):
+    elif (
+        isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs)
+    ):
         sequences = [_encode(model, x, prepend_bos, encoder) for x in inputs]  # type: ignore[arg-type]
         texts = list(inputs)  # type: ignore[arg-type]
     elif isinstance(inputs, Sequence) and len(inputs) > 0:

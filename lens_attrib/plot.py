@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -67,6 +68,220 @@ def layer_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
         height=max(300, 18 * z.shape[0]),
     )
     return fig
+
+
+# --------------------------------------------------------------------------- comparisons
+def _row_normalized(values: Any) -> Any:
+    """Each row divided by its max |value| (rows of zeros stay zero)."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    denom = np.nanmax(np.abs(arr), axis=-1, keepdims=True) if arr.size else np.ones((0, 1))
+    return arr / np.where(denom > 0, denom, 1.0)
+
+
+def method_grid(
+    attributions: Sequence[Attribution] | Mapping[str, Attribution],
+    item: int = 0,
+    normalize: bool = True,
+    title: str | None = None,
+) -> go.Figure:
+    """Methods × tokens heatmap for one sentence (each row scaled to max |score| = 1).
+
+    ``attributions``: Attributions of the same inputs (a list, or label -> Attribution). The
+    ``z`` matrix is ``[n_methods, n_real_tokens]`` of ``item``; ``normalize=False`` keeps raw
+    scores (then the colour range is the global max |score|).
+    """
+    import numpy as np
+
+    named = (
+        list(attributions.items())
+        if isinstance(attributions, Mapping)
+        else [(a.method, a) for a in attributions]
+    )
+    if not named:
+        raise ValueError("method_grid needs at least one Attribution.")
+    tokens = named[0][1].tokens[item]
+    rows = []
+    for label, attr in named:
+        if attr.tokens[item] != tokens:
+            raise ValueError(f"{label!r} explains other tokens than {named[0][0]!r}.")
+        rows.append(attr.numpy(item))
+    z = _row_normalized(rows) if normalize else np.asarray(rows, dtype=np.float64)
+    vmax = 1.0 if normalize else _symmetric_range(z)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"{i}:{t}" for i, t in enumerate(tokens)],
+            y=[label for label, _ in named],
+            zmin=-vmax,
+            zmax=vmax,
+            colorscale="RdBu_r",
+            text=[list(tokens)] * len(named),
+            texttemplate="%{text}",
+            hovertemplate="%{y} %{x}<br>relevance %{z:.3g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title or f"Methods × tokens → {named[0][1]._target_label(item)}",
+        height=max(260, 32 * len(named) + 120),
+        xaxis={"showticklabels": False},
+        yaxis={"autorange": "reversed"},
+    )
+    return fig
+
+
+def _curve_mean(values: Any) -> Any:
+    import numpy as np
+
+    arr = np.asarray(
+        values.detach().cpu().double() if hasattr(values, "detach") else values, dtype=np.float64
+    )
+    return np.nanmean(arr.reshape(-1, arr.shape[-1]), axis=0)
+
+
+def pi_curves(results: Mapping[str, Any], title: str | None = None) -> go.Figure:
+    """π-Soft-NC and π-Soft-NS curves (mean over items) with their AUC, one line per method.
+
+    ``results``: label -> :class:`lens_attrib.evaluation.SoftResult` (or any object with
+    ``pis``, ``pi_nc_curve`` ``[batch, pi]`` and ``pi_ns_curve``). Two subplots (NC left, NS
+    right); the legend gives the trapezoid AUC of the mean curve over the π grid.
+    """
+    import numpy as np
+    from plotly.subplots import make_subplots
+
+    if not results:
+        raise ValueError("pi_curves needs at least one result.")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("π-Soft-NC (↑)", "π-Soft-NS (↑)"))
+    for k, (label, res) in enumerate(results.items()):
+        pis = _curve_mean(res.pis)
+        for col, curve in ((1, res.pi_nc_curve), (2, res.pi_ns_curve)):
+            mean = _curve_mean(curve)
+            auc = float(np.trapezoid(mean, pis)) if len(pis) > 1 else float("nan")
+            fig.add_trace(
+                go.Scatter(
+                    x=pis,
+                    y=mean,
+                    mode="lines+markers",
+                    name=f"{label} (AUC {auc:.3f})",
+                    legendgroup=f"{label}-{col}",
+                    line={"color": _colour(k)},
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="π (expected share perturbed / kept)")
+    fig.update_layout(title=title or "π-Soft curves", height=420)
+    return fig
+
+
+def aopc_curves(results: Mapping[str, Any], title: str | None = None) -> go.Figure:
+    """Comprehensiveness and sufficiency vs fraction perturbed (mean over items), per method.
+
+    ``results``: label -> :class:`lens_attrib.evaluation.AOPCResult` (``fractions``,
+    ``comprehensiveness_k`` ``[batch, k]``, ``sufficiency_k``); the legend gives the AOPC (the
+    mean over the fractions).
+    """
+    from plotly.subplots import make_subplots
+
+    if not results:
+        raise ValueError("aopc_curves needs at least one result.")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("comprehensiveness (↑)", "sufficiency (↓)"))
+    for k, (label, res) in enumerate(results.items()):
+        fractions = list(res.fractions)
+        for col, curve in ((1, res.comprehensiveness_k), (2, res.sufficiency_k)):
+            mean = _curve_mean(curve)
+            fig.add_trace(
+                go.Scatter(
+                    x=fractions,
+                    y=mean,
+                    mode="lines+markers",
+                    name=f"{label} (AOPC {float(mean.mean()):.3f})",
+                    legendgroup=f"{label}-{col}",
+                    line={"color": _colour(k)},
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="fraction of tokens removed / kept")
+    fig.update_yaxes(title_text="p(x) − p(perturbed)")
+    fig.update_layout(title=title or "AOPC curves", height=420)
+    return fig
+
+
+def metric_bars(
+    summary: Any,
+    metrics: Sequence[str] | None = None,
+    title: str | None = None,
+    error: bool = True,
+) -> go.Figure:
+    """Grouped bars: one group per method, one bar per metric (mean, ± std when given).
+
+    ``summary``: rows with ``method``, ``metric``, ``mean`` (optional ``std``, ``layer``) — e.g.
+    ``EvalResult.summary`` or an ``EvalResult``. Per-layer rows (``layer`` not None) and the
+    ``model`` pseudo-method are left out.
+    """
+    rows = [
+        r
+        for r in getattr(summary, "summary", summary)
+        if r.get("layer") is None and r.get("method") != "model"
+    ]
+    names = list(dict.fromkeys(r["metric"] for r in rows)) if metrics is None else list(metrics)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    if not rows or not names:
+        raise ValueError("metric_bars needs summary rows with method, metric and mean.")
+    table = {(r["method"], r["metric"]): r for r in rows}
+    fig = go.Figure()
+    for metric in names:
+        means = [table.get((m, metric), {}).get("mean") for m in methods]
+        stds = [table.get((m, metric), {}).get("std") for m in methods]
+        fig.add_trace(
+            go.Bar(
+                x=methods,
+                y=means,
+                name=metric,
+                error_y=(
+                    {"type": "data", "array": stds, "visible": True}
+                    if error and any(s is not None for s in stds)
+                    else None
+                ),
+            )
+        )
+    fig.update_layout(
+        title=title or "Metrics by method", barmode="group", height=420, yaxis_title="mean"
+    )
+    return fig
+
+
+def layer_curves(
+    series: Mapping[str, Sequence[float]],
+    title: str | None = None,
+    yaxis: str = "value",
+    first_layer: int = 0,
+) -> go.Figure:
+    """One line per label over layers (e.g. per-layer dot product of each method)."""
+    fig = go.Figure()
+    for k, (label, values) in enumerate(series.items()):
+        values = list(values)
+        x = list(range(first_layer, first_layer + len(values)))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=values,
+                mode="lines+markers" if len(values) > 1 else "markers",
+                name=label,
+                line={"color": _colour(k)},
+            )
+        )
+    fig.update_layout(title=title or yaxis, xaxis_title="layer", yaxis_title=yaxis, height=420)
+    return fig
+
+
+def _colour(k: int) -> str:
+    import plotly.colors
+
+    palette = plotly.colors.qualitative.Plotly
+    return palette[k % len(palette)]
 
 
 def pruning_curve(curves: Any, metric: str = "accuracy", title: str | None = None) -> go.Figure:

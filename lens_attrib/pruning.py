@@ -15,7 +15,8 @@ Decomposition-based XAI-Methods for Transformer Language Models":
    and averaged over the items. Methods without a ``d_head`` axis (``alti_logit``, whose
    ``head_token_scores[b, l, h, p]`` is the contribution of token ``p`` through head ``h`` to the
    logit) are pooled with each token's contribution taken as one dimension (``d = 1``), so for
-   them "ReLU dim" and "ReLU per token" coincide. Padding positions never count.
+   them "ReLU dim" and "ReLU per token" coincide. ``gradient`` gives ``|∂f/∂z|``, which is never
+   negative, so its three poolings coincide. Padding positions never count.
 
 2. **Pruning curve.** Heads are pruned least relevant first, ``step`` at a time, by zeroing the
    head's output ``z`` with a hook (:func:`lens_attrib.hooks.masking.head_mask_hooks`; a *query*
@@ -25,9 +26,11 @@ Decomposition-based XAI-Methods for Transformer Language Models":
    order (averaged over seeds) is the baseline; the area under each curve is the trapezoid over
    the fraction of heads pruned.
 
-Evaluations are batched and memoised by the set of pruned heads, so points shared by several
-curves (no head pruned, every head pruned, identical orders) run once; the tokenized batches are
-shared between the relevance pass and the evaluation pass.
+Evaluations are batched twice over: items in batches (sorted by length, little padding), and many
+masks in one forward (each batch repeated once per mask, every copy with its own head mask, up to
+``max_tokens`` tokens per forward). They are memoised by the set of pruned heads, so points shared
+by several curves (no head pruned, every head pruned, identical orders) run once. The tokenized
+batches are shared between the relevance pass and the evaluation pass.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.hooks.guard import model_guard
-from lens_attrib.hooks.masking import head_mask_hooks
+from lens_attrib.hooks.masking import item_head_mask_hooks
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.methods.common import final_residual
 from lens_attrib.methods.registry import METHODS, attribute
@@ -282,55 +285,118 @@ def _keep_from_pruned(n_layers: int, n_heads: int, pruned: Tensor) -> Tensor:
     return keep.reshape(n_layers, n_heads)
 
 
+def masks_per_pass(task: TaskSet, max_tokens: int) -> int:
+    """How many masks one forward evaluates: the largest batch, repeated, fits ``max_tokens``."""
+    largest = max(b.size * b.length for b in task.batches)
+    return max(1, int(max_tokens) // largest)
+
+
+def logit_differences_many(
+    model: Any,
+    task: TaskSet,
+    keeps: Bool[Tensor, "mask layer head"],
+    *,
+    max_tokens: int = 4096,
+    bar: Any = None,
+) -> Float[Tensor, "mask n_items"]:
+    """``logit(target) − logit(foil)`` at every item's last real token under every head mask.
+
+    Many masks share one forward: each batch of items is repeated once per mask and every copy
+    gets its own mask (:func:`lens_attrib.hooks.masking.item_head_mask_hooks`), with at most
+    ``max_tokens`` (padded) tokens per forward. The forward stops before ``ln_final``; the head
+    is applied to the last real rows only. Rows come back in the original item order.
+    """
+    keeps = keeps.to(torch.bool).cpu()
+    n_masks = int(keeps.shape[0])
+    per_pass = masks_per_pass(task, max_tokens)
+    head = default_head(model)
+    out = torch.empty(n_masks, len(task), dtype=torch.float64)
+    columns = torch.tensor(task.items) if task.items else torch.arange(len(task))
+    with model_guard(model), torch.inference_mode():
+        for start in range(0, n_masks, per_pass):
+            chunk = keeps[start : start + per_pass]
+            m = int(chunk.shape[0])
+            offset = 0
+            for batch, tok, foil in zip(task.batches, task.token_ids, task.foil_ids):
+                b = batch.size
+                tiled = batch.select(torch.arange(b, device=batch.tokens.device).repeat(m))
+                hooks = item_head_mask_hooks(chunk.repeat_interleave(b, dim=0))
+                with model.hooks(fwd_hooks=hooks):
+                    resid = final_residual(model, tiled)
+                rows = resid[torch.arange(m * b, device=resid.device), tiled.last_real]
+                logits = head(rows)
+                idx = torch.arange(m * b, device=logits.device)
+                diff = logits[idx, tok.repeat(m)] - logits[idx, foil.repeat(m)]
+                out[start : start + m, columns[offset : offset + b]] = (
+                    diff.double().cpu().reshape(m, b)
+                )
+                offset += b
+            if bar is not None:
+                bar.update(m)
+    return out
+
+
 def logit_differences(
     model: Any, task: TaskSet, keep: Bool[Tensor, "layer head"] | None = None
 ) -> Float[Tensor, "n_items"]:
-    """``logit(target) − logit(foil)`` at every item's last real token, heads masked by ``keep``.
+    """``logit(target) − logit(foil)`` at every item's last real token, heads masked by ``keep``."""
+    if keep is None:
+        keep = torch.ones(int(model.cfg.n_layers), int(model.cfg.n_heads), dtype=torch.bool)
+    return logit_differences_many(model, task, keep[None])[0]
 
-    The forward stops before ``ln_final``; the head is applied to the last real row only.
-    """
-    hooks = [] if keep is None else head_mask_hooks(keep)
-    head = default_head(model)
-    diffs = []
-    with model_guard(model), torch.inference_mode(), model.hooks(fwd_hooks=hooks):
-        for batch, tok, foil in zip(task.batches, task.token_ids, task.foil_ids):
-            resid = final_residual(model, batch)
-            rows = resid[torch.arange(batch.size, device=resid.device), batch.last_real]
-            logits = head(rows)
-            idx = torch.arange(batch.size, device=logits.device)
-            diffs.append((logits[idx, tok] - logits[idx, foil]).double().cpu())
-    batched = torch.cat(diffs)
-    if not task.items:
-        return batched
-    return torch.empty_like(batched).index_copy_(0, torch.tensor(task.items), batched)
+
+def _point(diffs: Tensor) -> EvalPoint:
+    return EvalPoint(float((diffs > 0).double().mean()), float(diffs.mean()))
 
 
 def evaluate(
     model: Any, task: TaskSet, keep: Bool[Tensor, "layer head"] | None = None
 ) -> EvalPoint:
     """Accuracy (``logit(target) > logit(foil)``) and mean logit difference, one batched pass."""
-    diffs = logit_differences(model, task, keep)
-    return EvalPoint(float((diffs > 0).double().mean()), float(diffs.mean()))
+    return _point(logit_differences(model, task, keep))
 
 
 class Evaluator:
-    """Evaluates masks on one task set, memoised by the set of pruned heads."""
+    """Evaluates sets of pruned heads on one task set, memoised by the set (order-free).
 
-    def __init__(self, model: Any, task: TaskSet) -> None:
+    ``max_tokens`` bounds the padded tokens of one forward, which evaluates several masks at once.
+    """
+
+    def __init__(self, model: Any, task: TaskSet, max_tokens: int = 4096) -> None:
         self.model = model
         self.task = task
+        self.max_tokens = max_tokens
         self.n_layers = int(model.cfg.n_layers)
         self.n_heads = int(model.cfg.n_heads)
         self.cache: dict[bytes, EvalPoint] = {}
-        self.forwards = 0
+        self.masks_evaluated = 0
+
+    def _key(self, keep: Tensor) -> bytes:
+        return bytes(keep.numpy().tobytes())
+
+    def evaluate_many(self, pruned_sets: Sequence[Tensor], bar: Any = None) -> list[EvalPoint]:
+        """Evaluate every set of pruned heads (flat indices); new sets share forwards."""
+        keeps = [_keep_from_pruned(self.n_layers, self.n_heads, p) for p in pruned_sets]
+        keys = [self._key(k) for k in keeps]
+        todo: dict[bytes, Tensor] = {}
+        for key, keep in zip(keys, keeps):
+            if key not in self.cache:
+                todo.setdefault(key, keep)
+        if todo:
+            diffs = logit_differences_many(
+                self.model,
+                self.task,
+                torch.stack(list(todo.values())),
+                max_tokens=self.max_tokens,
+                bar=bar,
+            )
+            for key, row in zip(todo, diffs):
+                self.cache[key] = _point(row)
+            self.masks_evaluated += len(todo)
+        return [self.cache[key] for key in keys]
 
     def __call__(self, pruned: Tensor) -> EvalPoint:
-        keep = _keep_from_pruned(self.n_layers, self.n_heads, pruned)
-        key = keep.numpy().tobytes()
-        if key not in self.cache:
-            self.cache[key] = evaluate(self.model, self.task, keep)
-            self.forwards += 1
-        return self.cache[key]
+        return self.evaluate_many([pruned])[0]
 
 
 # ---------------------------------------------------------------------------------- curves
@@ -378,13 +444,9 @@ def curve_for_order(
     if sorted(order.tolist()) != list(range(n_total)):
         raise ValueError(f"order must be a permutation of the {n_total} heads")
     points = checkpoints(n_total, step, max_pruned)
-    accuracy, logit_diff = [], []
-    for k in points:
-        result = evaluator(order[:k])
-        accuracy.append(result.accuracy)
-        logit_diff.append(result.logit_diff)
-        if bar is not None:
-            bar.update(1)
+    results = evaluator.evaluate_many([order[:k] for k in points], bar=bar)
+    accuracy = [r.accuracy for r in results]
+    logit_diff = [r.logit_diff for r in results]
     return PruningCurve(label, points, accuracy, logit_diff, n_total, order.tolist(), **info)
 
 
@@ -451,6 +513,7 @@ def run_pruning(
     batch_size: int = 32,
     contrastive: bool = True,
     method_options: Mapping[str, Mapping[str, Any]] | None = None,
+    max_tokens: int = 4096,
     progress: bool = True,
 ) -> PruningResult:
     """Head-pruning curves for every method × pooling, plus ``n_random`` random orders.
@@ -458,6 +521,8 @@ def run_pruning(
     Relevances come from ``relevance_items`` (default: the evaluation ``items`` themselves,
     sharing their tokenized batches); curves are evaluated on ``items``. Random orders use seeds
     ``seed, seed+1, …``. The model is left unchanged (masks are hooks, removed afterwards).
+    Every distinct set of pruned heads is evaluated once, several per forward (at most
+    ``max_tokens`` padded tokens per forward: the items repeated once per mask).
     """
     task = TaskSet.build(model, items, batch_size)
     rel_task = task
@@ -473,37 +538,26 @@ def run_pruning(
         )
         for pooling, rel in pooled.items():
             relevance[f"{method}/{pooling}"] = rel
-    evaluator = Evaluator(model, task)
-    n_points = len(checkpoints(n_total, step, max_pruned))
-    n_curves = len(relevance) + n_random
-    curves: list[PruningCurve] = []
-    with tqdm(total=n_curves * n_points, desc="pruning", disable=not progress) as bar:
-        for label, rel in relevance.items():
-            method, pooling = label.split("/")
-            curves.append(
-                curve_for_order(
-                    evaluator,
-                    pruning_order(rel),
-                    label=label,
-                    step=step,
-                    max_pruned=max_pruned,
-                    bar=bar,
-                    method=method,
-                    pooling=pooling,
-                )
-            )
-        for i in range(n_random):
-            curves.append(
-                curve_for_order(
-                    evaluator,
-                    random_order(n_layers, n_heads, seed + i),
-                    label=RANDOM,
-                    step=step,
-                    max_pruned=max_pruned,
-                    bar=bar,
-                    seed=seed + i,
-                )
-            )
+    plans: list[tuple[str, Tensor, dict[str, Any]]] = []
+    for label, rel in relevance.items():
+        method, pooling = label.split("/")
+        plans.append((label, pruning_order(rel), {"method": method, "pooling": pooling}))
+    for i in range(n_random):
+        plans.append((RANDOM, random_order(n_layers, n_heads, seed + i), {"seed": seed + i}))
+    # every distinct set of pruned heads of every curve, evaluated together (shared forwards)
+    evaluator = Evaluator(model, task, max_tokens)
+    points = checkpoints(n_total, step, max_pruned)
+    sets = {
+        bytes(_keep_from_pruned(n_layers, n_heads, o[:k]).numpy().tobytes()): o[:k]
+        for _, o, _ in plans
+        for k in points
+    }
+    with tqdm(total=len(sets), desc="pruning masks", disable=not progress) as bar:
+        evaluator.evaluate_many(list(sets.values()), bar=bar)
+    curves = [
+        curve_for_order(evaluator, order, label=label, step=step, max_pruned=max_pruned, **info)
+        for label, order, info in plans
+    ]
     meta = {
         "model": getattr(model.cfg, "model_name", None),
         "n_layers": n_layers,
@@ -515,7 +569,8 @@ def run_pruning(
         "n_random": n_random,
         "seed": seed,
         "contrastive": contrastive,
-        "forwards": evaluator.forwards,
+        "masks_evaluated": evaluator.masks_evaluated,
+        "max_tokens": max_tokens,
     }
     return PruningResult(curves, relevance, meta)
 
@@ -535,6 +590,8 @@ __all__ = [
     "head_relevance",
     "head_relevance_tensor",
     "logit_differences",
+    "logit_differences_many",
+    "masks_per_pass",
     "pool_head_relevance",
     "pruning_order",
     "random_order",

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_attrib.inputs import Batch, InputError
+from lens_attrib.inputs import Batch
 from lens_attrib.models import has_lm_head, is_encoder
 
 TokenSpec = str | int | Sequence[str | int] | Tensor | None
@@ -70,7 +70,9 @@ class Target:
         spec = self.position
         per_item = [spec] * batch.size if isinstance(spec, int) else list(spec)
         if len(per_item) != batch.size:
-            raise TargetError(f"{len(per_item)} target positions for a batch of {batch.size} items.")
+            raise TargetError(
+                f"{len(per_item)} target positions for a batch of {batch.size} items."
+            )
         return torch.tensor(
             [batch.real_index(b, int(p)) for b, p in enumerate(per_item)],
             dtype=torch.long,
@@ -86,7 +88,7 @@ class Target:
     def resolve(
         self, model: Any, batch: Batch, head_out: Float[Tensor, "batch n_out"]
     ) -> ResolvedTarget:
-        """Fix token and foil ids, using ``head_out`` (the head at the target rows) for predictions."""
+        """Fix token and foil ids; ``head_out`` (head at the target rows) gives predictions."""
         n_out = int(head_out.shape[-1])
         if self.regression:
             if n_out != 1:
@@ -96,7 +98,9 @@ class Target:
         if self.token is None:
             token_ids = head_out.detach().argmax(-1)
         else:
-            token_ids = token_ids_of(model, self.token, batch.size, n_out, "token").to(head_out.device)
+            token_ids = token_ids_of(model, self.token, batch.size, n_out, "token").to(
+                head_out.device
+            )
         foil_ids = None
         if self.foil is not None:
             foil_ids = token_ids_of(model, self.foil, batch.size, n_out, "foil").to(head_out.device)

@@ -41,12 +41,14 @@ def _unique(words: list[str]) -> list[str]:
 
 
 def tiny_tokenizer(encoder: bool = False) -> Any:
-    """A word-level fast tokenizer; decoders get ``<bos>``/``<eos>``/``<pad>``, encoders BERT tokens."""
+    """Word-level fast tokenizer: ``<bos>``/``<eos>``/``<pad>`` (decoders) or BERT specials."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     specials = (
-        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if encoder else ["<pad>", "<unk>", "<bos>", "<eos>"]
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        if encoder
+        else ["<pad>", "<unk>", "<bos>", "<eos>"]
     )
     vocab = {tok: i for i, tok in enumerate(_unique(specials + list(WORDS)))}
     unk = "[UNK]" if encoder else "<unk>"
@@ -54,7 +56,9 @@ def tiny_tokenizer(encoder: bool = False) -> Any:
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     if encoder:
-        tok.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"]))
+        tok.post_processor = processors.BertProcessing(
+            ("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"])
+        )
         fast = PreTrainedTokenizerFast(
             tokenizer_object=tok,
             unk_token="[UNK]",
@@ -95,7 +99,7 @@ def _decoder(cfg_overrides: dict[str, Any], seed: int, dtype: torch.dtype) -> An
     from transformer_lens.config import HookedTransformerConfig
 
     tokenizer = tiny_tokenizer()
-    cfg = {
+    cfg: dict[str, Any] = {
         "d_model": 32,
         "d_head": 8,
         "n_heads": 4,
@@ -129,7 +133,7 @@ def tiny_gpt2(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: An
 
 def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
     """Llama shape: RMSNorm, rotary, GQA (4 query heads over 2 KV heads), gated SiLU MLP."""
-    cfg = {
+    cfg: dict[str, Any] = {
         "normalization_type": "RMS",
         "positional_embedding_type": "rotary",
         "rotary_dim": 8,
@@ -149,7 +153,7 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
 
 def tiny_pythia(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
     """GPT-NeoX/Pythia shape: LayerNorm, parallel attention + MLP, partial rotary (4 of 8 dims)."""
-    cfg = {
+    cfg: dict[str, Any] = {
         "positional_embedding_type": "rotary",
         "rotary_dim": 4,
         "rotary_adjacent_pairs": False,
@@ -167,7 +171,7 @@ def tiny_bert(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: An
     from transformer_lens.config import HookedTransformerConfig
 
     tokenizer = tiny_tokenizer(encoder=True)
-    cfg = {
+    cfg: dict[str, Any] = {
         "d_model": 32,
         "d_head": 8,
         "n_heads": 4,

@@ -7,11 +7,11 @@ import warnings
 
 import pytest
 import torch
+from lens_attrib.hooks.guard import model_state_fingerprint
 
 from lens_attrib import attribute
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion, n_perturbed
-from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
 
 PROMPTS = ["the keys to the cabinet", "the dog near the cats is", "a man sees"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from lens_attrib.hooks.guard import model_state_fingerprint
-from lens_attrib.hooks.masking import head_mask_hooks
+from lens_attrib.hooks.masking import head_mask_hooks, item_head_mask_hooks
 
 from lens_attrib.methods.common import grad_context, make_attribution, prepare, target_value
 from lens_attrib.methods.registry import METHOD_INFO, METHODS
@@ -27,6 +27,7 @@ from lens_attrib.pruning import (
     evaluate,
     head_relevance,
     logit_differences,
+    logit_differences_many,
     pool_head_relevance,
     pruning_order,
     random_order,
@@ -148,6 +149,35 @@ def test_evaluation_batched_equals_unbatched_and_item_order():
     torch.testing.assert_close(one, _ref_diffs(model, ITEMS), rtol=1e-9, atol=1e-9)
     point = evaluate(model, TaskSet.build(model, ITEMS))
     assert point.accuracy == float((one > 0).double().mean())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_many_masks_in_one_forward_equal_one_mask_each(arch):
+    model = _model(arch)
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    gen = torch.Generator().manual_seed(1)
+    keeps = torch.rand(5, n_layers, n_heads, generator=gen) > 0.4
+    keeps[0] = True  # the unpruned model among them
+    task = TaskSet.build(model, ITEMS, batch_size=3)
+    together = logit_differences_many(model, task, keeps, max_tokens=10_000)
+    one_per_pass = logit_differences_many(model, task, keeps, max_tokens=1)
+    torch.testing.assert_close(together, one_per_pass, rtol=1e-9, atol=1e-9)
+    for i, keep in enumerate(keeps):
+        reference = _ref_diffs(_zero_heads_in_copy(model, keep), ITEMS)
+        torch.testing.assert_close(together[i], reference, rtol=1e-9, atol=1e-9)
+    # per-item hooks equal the shared-mask hooks item by item
+    batch = task.batches[0]
+    tiled = batch.select(torch.arange(batch.size).repeat(2))
+    two = torch.stack([keeps[1], keeps[2]]).repeat_interleave(batch.size, 0)
+    with torch.no_grad():
+        with model.hooks(fwd_hooks=item_head_mask_hooks(two)):
+            both = model(tiled.tokens, **tiled.model_kwargs())
+        for j, keep in enumerate((keeps[1], keeps[2])):
+            with model.hooks(fwd_hooks=head_mask_hooks(keep)):
+                alone = model(batch.tokens, **batch.model_kwargs())
+            rows = slice(j * batch.size, (j + 1) * batch.size)
+            real = batch.mask
+            torch.testing.assert_close(both[rows][real], alone[real], rtol=1e-9, atol=1e-9)
 
 
 # --------------------------------------------------------------------------- pooling
@@ -320,7 +350,7 @@ def test_run_pruning_end_to_end(fake_methods):
     # one forward per distinct set of pruned heads (0 pruned and all pruned are shared)
     n_points = len(checkpoints(n_total, 3))
     distinct = {frozenset(c.order[:k]) for c in result.curves for k in c.n_pruned}
-    assert result.meta["forwards"] == len(distinct) < len(result.curves) * n_points
+    assert result.meta["masks_evaluated"] == len(distinct) < len(result.curves) * n_points
 
     # reproducible, JSON round trip, AUCs, plot
     again = run_pruning(model, ITEMS, fake_methods, **kwargs)

@@ -8,12 +8,12 @@ import warnings
 
 import pytest
 import torch
+from lens_attrib.hooks.routing import cache_patterns, fixed_routing_hooks
 
 from lens_attrib import attribute
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.soft import hellinger, keep_scores, kl, soft_metrics, solve_alpha
-from lens_attrib.hooks.routing import cache_patterns, fixed_routing_hooks
-from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore:π unreachable:RuntimeWarning")
 
@@ -193,3 +193,18 @@ def test_gpt2_learned_positions_runs():
     a = attribute(model, PROMPTS[:2], method="gradient")
     res = soft_metrics(model, a, routing="fixed", **FAST)
     assert torch.isfinite(res.soft_nc).all() and torch.isfinite(res.pi_soft_ns).all()
+
+
+def test_encoder_limits_with_fixed_routing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bert = tiny_bert(dtype=torch.float64)
+    a = attribute(bert, ["the keys to the cabinet", "a dog"], method="gradient")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ones = soft_metrics(bert, _with_scores(a, 1.0), routing="fixed", **FAST)
+        zeros = soft_metrics(bert, _with_scores(a, 0.0), routing="fixed", **FAST)
+    assert torch.allclose(ones.soft_nc, torch.ones(2, dtype=torch.float64), atol=1e-9)
+    assert torch.allclose(ones.soft_ns, torch.ones(2, dtype=torch.float64), atol=1e-9)
+    assert torch.equal(zeros.soft_nc, torch.zeros(2, dtype=torch.float64))
+    assert ones.expected_retained_ns.tolist() == [5.0, 2.0]  # [CLS] and [SEP] excluded

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 
 from lens_attrib import (
     METHODS,
@@ -14,7 +15,6 @@ from lens_attrib import (
     attribute,
     to_batch,
 )
-from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from lens_attrib.methods.common import final_residual, target_value
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
 

@@ -183,7 +183,8 @@ def plausibility(
     """
     unknown = [m for m in metrics if m not in PLAUSIBILITY_METRICS]
     if unknown:
-        raise KeyError(f"Unknown plausibility metrics {unknown}; known: {list(PLAUSIBILITY_METRICS)}")
+        known = list(PLAUSIBILITY_METRICS)
+        raise KeyError(f"Unknown plausibility metrics {unknown}; known: {known}")
     if len(evidence) != len(attribution):
         raise ValueError(f"{len(evidence)} evidence lists for {len(attribution)} items.")
     if per_layer and attribution.layer_scores is None:
@@ -203,11 +204,11 @@ def plausibility(
         real = attribution.mask[b].cpu()
         ids = attribution.token_ids[b].cpu()[real]
         valid = ~torch.isin(ids, special) if special.numel() else None
-        rows = (
-            attribution.layer_scores[b][:, real.to(attribution.layer_scores.device)]  # type: ignore[index]
-            if per_layer
-            else attribution.scores[b][real.to(attribution.scores.device)][None]
-        )
+        layer_scores = attribution.layer_scores
+        if per_layer and layer_scores is not None:
+            rows = layer_scores[b][:, real.to(layer_scores.device)]
+        else:
+            rows = attribution.scores[b][real.to(attribution.scores.device)][None]
         for layer in range(n_layers):
             row = rows[layer].detach().cpu()
             for m in metrics:

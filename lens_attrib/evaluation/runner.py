@@ -104,7 +104,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"method": method, "metric": metric, "layer": layer, "mean": mean,
                      "std": math.sqrt(var) if n > 1 else float("nan"), "n": n,
                      "n_total": len(values)})
-    rows.sort(key=lambda r: (r["method"] or "", r["metric"], -1 if r["layer"] is None else r["layer"]))
+    rows.sort(key=lambda r: (r["method"], r["metric"], -1 if r["layer"] is None else r["layer"]))
     return rows
 
 

@@ -1,9 +1,10 @@
 """Soft-perturbation faithfulness: Soft-NC/NS (Zhao & Aletras 2023; Zhao & Shan 2024, ReAGent)
 and π-Soft-NC/NS (Huang & Chan 2026), with dynamic or fixed attention routing.
 
-Scores → keep probabilities. Relevances are mapped to ``s_i ∈ [0, 1]`` by clipping negatives to 0
-and dividing by the item's maximum (``s = max(r, 0) / max_j max(r_j, 0)``; all zeros when no score is
-positive): a negative score means "not evidence", the same as zero, for a retention probability.
+Scores → keep probabilities. Relevances are mapped to ``s_i ∈ [0, 1]`` by clipping negatives to
+0 and dividing by the item's maximum (``s = max(r, 0) / max_j max(r_j, 0)``; all zeros when no
+score is positive): for a retention probability a negative score means "not evidence", the same
+as zero.
 
 Perturbation (the papers' eq. 1). Each token embedding ``e_i`` (``hook_embed``; the token embedding
 only — learned positional embeddings are left alone) is multiplied by ``m_i ~ Bernoulli(q_i)``
@@ -68,7 +69,7 @@ from torch import Tensor
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.faithfulness import special_ids_of, target_outputs
 from lens_attrib.hooks.masking import embedding_mask_hook
-from lens_attrib.hooks.routing import cache_patterns, fixed_routing_hooks
+from lens_attrib.hooks.routing import fixed_routing_hooks, pattern_cache_hooks
 from lens_attrib.models import is_encoder
 from lens_attrib.target import Head
 
@@ -266,13 +267,12 @@ def soft_metrics(
 
     patterns = None
     if routing == "fixed":
-        kwargs = (
-            {"one_zero_attention_mask": attribution.mask.long().to(model.cfg.device)}
-            if encoder
-            else ({"attention_mask": attribution.mask.long().to(model.cfg.device)}
-                  if not bool(attribution.mask.all()) else {})
-        )
-        patterns = cache_patterns(model, attribution.token_ids.to(model.cfg.device), **kwargs)
+        store: dict[str, list[Tensor]] = {}
+        saving = pattern_cache_hooks(store)(int(model.cfg.n_layers))
+        target_outputs(model, attribution.token_ids, attribution.mask,
+                       attribution.target.positions, head=head, hooks=lambda rows: saving,
+                       max_batch=max_batch)
+        patterns = {name: torch.cat(chunks) for name, chunks in store.items()}
 
     def keep_for(rows: slice) -> Tensor:
         shape = (rows.stop - rows.start, tokens.shape[1]) + ((d_model,) if per_element else ())

@@ -168,6 +168,9 @@ def make_attribution(
         meta["foil_tokens"] = token_labels(model, resolved.foil_ids)
     meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
     meta.update(fields.pop("meta", {}))
+    extra: dict[str, Any] = {
+        k: (v.detach().cpu() if isinstance(v, Tensor) else v) for k, v in fields.items()
+    }
     attribution = Attribution(
         scores=scores.cpu(),
         tokens=batch.str_tokens,
@@ -176,7 +179,7 @@ def make_attribution(
         target=resolved.to("cpu"),
         method=method,
         meta=meta,
-        **{k: (v.detach().cpu() if isinstance(v, Tensor) else v) for k, v in fields.items()},
+        **extra,
     )
     return attribution
 

@@ -39,8 +39,8 @@ from lens_attrib.methods.common import (
     make_attribution,
     prepare,
 )
-from lens_attrib.models import is_encoder
 from lens_attrib.methods.registry import register
+from lens_attrib.models import is_encoder
 from lens_attrib.target import Target
 
 
@@ -254,7 +254,7 @@ def _token_embedding_matrix(model: Any) -> Tensor:
 
 def _special_id(model: Any, kind: str) -> int:
     tokenizer = model.tokenizer
-    order = ("pad_token_id", "eos_token_id", "bos_token_id")
+    order: tuple[str, ...] = ("pad_token_id", "eos_token_id", "bos_token_id")
     if kind == "bos":
         order = ("bos_token_id", "cls_token_id", "pad_token_id", "eos_token_id")
     for name in order:
@@ -264,14 +264,26 @@ def _special_id(model: Any, kind: str) -> int:
     raise ValueError(f"baseline={kind!r} needs a tokenizer with a {kind} token; pass a tensor.")
 
 
+def sink_positions(batch: Batch) -> Tensor:
+    """Special tokens (BOS/CLS/SEP) and the first real token of every item: ``[batch, pos]``."""
+    first = torch.zeros_like(batch.mask)
+    first[torch.arange(batch.size), batch.first_real.clamp_max(batch.length - 1)] = True
+    return (batch.special | first) & batch.mask
+
+
 def embedding_baselines(
-    model: Any, names: Sequence[str], xs: Sequence[Tensor], baseline: str | Tensor
+    model: Any,
+    names: Sequence[str],
+    xs: Sequence[Tensor],
+    baseline: str | Tensor,
+    keep: Tensor | None = None,
 ) -> list[Tensor]:
     """Baseline of every embedding component (same shapes as ``xs``).
 
-    The token embedding (``names[0]``) starts from the chosen baseline; the other components
-    (positional, token-type) start from zero for ``"zero"`` and from their own value otherwise, so
-    that a token baseline keeps the positions and they receive no relevance.
+    The token embedding (``names[0]``) starts from the chosen baseline, except at the positions
+    ``keep`` (``[batch, pos]``, named baselines only) where it keeps its value; the other
+    components (positional, token-type) start from zero for ``"zero"`` and from their own value
+    otherwise, so that a token baseline keeps the positions and they receive no relevance.
     """
     token = xs[0]
     if isinstance(baseline, Tensor):
@@ -285,13 +297,13 @@ def embedding_baselines(
         base = _token_embedding_matrix(model).mean(0).to(token.dtype).expand_as(token).clone()
     else:
         raise ValueError(f"baseline must be one of {BASELINES} or a tensor, got {baseline!r}")
+    if keep is not None and not isinstance(baseline, Tensor):
+        base = torch.where(keep.to(base.device)[..., None], token.expand_as(base), base)
     others = [torch.zeros_like(x) if baseline == "zero" else x.clone() for x in xs[1:]]
     return [base.detach(), *[o.detach() for o in others]]
 
 
-def _interpolation_hook(
-    start: Tensor, delta: Tensor, alphas: Tensor, store: list[Tensor]
-) -> Any:
+def _interpolation_hook(start: Tensor, delta: Tensor, alphas: Tensor, store: list[Tensor]) -> Any:
     """Replace an embedding by ``b + α (x − b)`` (a leaf), one α per repeated item."""
 
     def hook(x: Tensor, hook: Any) -> Tensor:
@@ -334,6 +346,7 @@ def integrated_gradients(
     rule: str = "trapezoid",
     embeddings: str = "partial",
     step_batch: int | None = None,
+    keep_sink: bool = True,
 ) -> Attribution:
     """Integrated Gradients (Sundararajan et al. 2017) over the input embeddings.
 
@@ -359,6 +372,13 @@ def integrated_gradients(
     resolves (completeness errors of several hundred percent on a tiny GPT-2 with
     ``embeddings="full"``). The zero baseline is degenerate there, and the pad-token embedding is
     the non-degenerate choice.
+    keep_sink: named baselines keep the embedding of special tokens (BOS/CLS/SEP) and of the first
+               real token of every item (the attention sink of models without BOS, e.g.
+               SmolLM2): these tokens are not on the path and get no relevance. Moving the sink
+               changes where every head attends; on SmolLM2 the logit along the path then jumps
+               by ~20 within Δα = 0.02 and 50 steps miss completeness by 100–600 %; with the sink
+               kept the path is smooth (completeness error ≲ 1e-4 on "The capital of France is",
+               ~2 % on harder prompts at 50 steps).
     The target token (default: the prediction on the real input) is fixed before integrating.
     Steps run batched, ``step_batch`` interpolation points per forward (default: a memory budget).
     """
@@ -374,7 +394,8 @@ def integrated_gradients(
             real = hooked_forward(model, batch, target, capture=names)
         xs = [real.captured[n].detach() for n in names]
         resolved = real.resolved
-        bases = embedding_baselines(model, names, xs, baseline_used)
+        keep = sink_positions(batch) if keep_sink else None
+        bases = embedding_baselines(model, names, xs, baseline_used, keep)
         xs = [x.expand_as(b) if x.shape != b.shape else x for x, b in zip(xs, bases)]
         deltas = [x - b for x, b in zip(xs, bases)]
         head = target.head_fn(model)
@@ -423,6 +444,7 @@ def integrated_gradients(
             "baseline": baseline_used if isinstance(baseline_used, str) else "tensor",
             "rule": rule,
             "embeddings": embeddings,
+            "keep_sink": keep_sink,
         },
         meta={
             "explained_value": value.cpu(),

@@ -1,0 +1,333 @@
+"""Ground-truth agreement of token attributions (the decomposition paper's Tables 1–3 analogue).
+
+Arras et al. (2025), "A Close Look at Decomposition-based XAI-Methods for Transformer Language
+Models": on tasks whose evidence is known, how often does a method point at it?
+
+    python -m experiments.agreement --model smollm2-135m --n 20 --out results/agreement
+
+Tasks (``--tasks``):
+
+- ``ra``        reflexive anaphora, template (``generate_anaphora``); evidence: the antecedent.
+- ``sva``       subject–verb agreement with attractors, template (``generate_sva``); evidence: the
+                subject noun.
+- ``blimp_rpsv``, ``blimp_darn``, ``blimp_ana``: BLiMP ``regular_plural_subject_verb_agreement_1``,
+                ``distractor_agreement_relational_noun``, ``anaphor_number_agreement`` (one-prefix
+                split); evidence from the paradigm rules in :mod:`lens_attrib.data.blimp_evidence`.
+- ``qa``        SQuAD v2 answerable questions; target: the first token of the first gold answer,
+                kept only where it is the model's own prediction; evidence: every token of the
+                answer span in the context. Non-contrastive only (no foil).
+- ``linzen``    the Linzen et al. agreement set: accuracy by number of attractors only — the files
+                do not say where the subject is, so there is no ground truth (the template
+                ``sva`` task stands in for it).
+
+Methods (``--methods``) × metrics PG (pointing game), MRR (optimistic ties), RMA (relevance mass
+accuracy) and PTA (per-token accuracy), for the contrastive target (``logit(target) −
+logit(foil)``) and the plain target logit, with special tokens counted ("in") or excluded ("out").
+Only items the model gets right are explained (``logit(target) > logit(foil)``; for qa the
+argmax). SmolLM2 does not prepend a BOS token, so by default ``<|endoftext|>`` is put in front of
+every prompt (``--no-bos`` turns this off) — that is what makes "special tokens in/out" differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from experiments.common import (
+    base_parser,
+    finite_mean,
+    format_table,
+    parse_list,
+    pct,
+    setup,
+    write_outputs,
+)
+from lens_attrib import Target, attribute
+from lens_attrib.data import (
+    TaskItem,
+    evidence_token_positions,
+    generate_anaphora,
+    generate_sva,
+    load_blimp,
+    load_linzen_sva,
+    load_squad_v2,
+)
+from lens_attrib.evaluation.plausibility import plausibility
+from lens_attrib.hooks.guard import model_guard
+from lens_attrib.inputs import to_batch
+from lens_attrib.methods.common import final_residual, target_value
+from lens_attrib.scoring import contrastive_scores, single_token_items
+
+DEFAULT_METHODS = ("alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,"
+                   "random")
+DEFAULT_TASKS = "ra,sva,blimp_rpsv,blimp_darn,qa,linzen"
+METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "token_accuracy"}
+BLIMP_TASKS = {
+    "blimp_rpsv": "regular_plural_subject_verb_agreement_1",
+    "blimp_darn": "distractor_agreement_relational_noun",
+    "blimp_ana": "anaphor_number_agreement",
+}
+METHOD_LABELS = {
+    "alti_logit": "ALTI-Logit", "attnlrp": "AttnLRP", "lrp": "LRP", "gradient": "Gradient (ℓ2)",
+    "grad_x_input": "Gradient×Input", "rollout": "Rollout", "normxlogit": "NormXLogit",
+    "grad_ellm": "Grad-ELLM", "random": "Random", "attention": "Attention",
+    "integrated_gradients": "Integrated Gradients", "value_zeroing": "Value zeroing",
+    "logat": "LogAt", "embed_norm": "Embedding norm", "alti": "ALTI",
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Any:
+    parser = base_parser(__doc__.split("\n")[0], n=20, out="results/agreement")
+    parser.add_argument("--tasks", default=DEFAULT_TASKS)
+    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    parser.add_argument("--n-qa", type=int, default=60,
+                        help="SQuAD questions scored (only those the model answers right are "
+                             "explained, at most --n)")
+    parser.add_argument("--n-linzen", type=int, default=200)
+    parser.add_argument("--qa-max-tokens", type=int, default=160,
+                        help="skip SQuAD prompts longer than this many tokens")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--no-bos", action="store_true",
+                        help="do not put <|endoftext|> (the BOS-like token) before each prompt")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------- items
+@dataclasses.dataclass
+class Prepared:
+    """A task's items as the model sees them: prompts, targets, evidence token positions."""
+
+    prompts: list[str]
+    targets: list[Any]
+    foils: list[Any] | None
+    evidence: list[list[int]]
+    n_total: int
+    n_correct: int
+    note: str = ""
+
+
+def bos_prefix(model: Any, enabled: bool) -> tuple[str, int]:
+    """The text put before each prompt and its number of tokens (``("", 0)`` when off)."""
+    if not enabled or bool(getattr(model.cfg, "default_prepend_bos", False)):
+        return "", 0
+    tok = model.tokenizer
+    special = set(tok.all_special_tokens or [])
+    text = "<|endoftext|>" if "<|endoftext|>" in special else (tok.bos_token or "")
+    return text, len(tok(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+
+def template_items(task: str, n: int, seed: int) -> list[TaskItem]:
+    if task == "ra":
+        return generate_anaphora(n, seed=seed)
+    if task == "sva":
+        return generate_sva(n, seed=seed)
+    if task in BLIMP_TASKS:
+        return load_blimp(BLIMP_TASKS[task], n=4 * n, seed=seed)
+    raise KeyError(task)
+
+
+def prepare_contrastive(model: Any, task: str, n: int, seed: int, prefix: tuple[str, int]
+                        ) -> Prepared:
+    """Single-token, correctly predicted items of a template/BLiMP task (at most ``n``)."""
+    items, _ = single_token_items(model, template_items(task, n, seed))
+    items = [it for it in items if it.evidence_words]
+    text, shift = prefix
+    shown = [dataclasses.replace(it, prompt=text + it.prompt) for it in items]
+    correct = contrastive_scores(model, shown).correct.tolist() if shown else []
+    kept = [(it, sh) for it, sh, ok in zip(items, shown, correct) if ok][:n]
+    return Prepared(
+        prompts=[sh.prompt for _, sh in kept],
+        targets=[it.target for it, _ in kept],
+        foils=[it.foil for it, _ in kept],
+        evidence=[evidence_token_positions(it, model.tokenizer, offset=shift) for it, _ in kept],
+        n_total=len(items),
+        n_correct=int(sum(correct)),
+    )
+
+
+def answer_positions(model: Any, prompt: str, spans: Sequence[tuple[int, int]], shift: int
+                     ) -> list[int]:
+    """Token positions (in ``prefix + prompt``) overlapping the answer's character span."""
+    enc = model.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+    start, end = spans[0]
+    return [i + shift for i, (s, e) in enumerate(enc["offset_mapping"]) if s < end and e > start]
+
+
+def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int,
+               prefix: tuple[str, int]) -> Prepared:
+    """SQuAD v2 answerable questions the model answers with the gold answer's first token."""
+    text, shift = prefix
+    tok = model.tokenizer
+    pool = load_squad_v2(n=n_scored * 3, seed=seed)
+    rows = []
+    for it in pool:
+        ids = tok(it.prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) + shift > max_tokens:
+            continue
+        answer = tok(" " + it.meta["answers"][0].strip(), add_special_tokens=False)["input_ids"]
+        rows.append((it, int(answer[0])))
+        if len(rows) >= n_scored:
+            break
+    correct: list[bool] = []
+    with model_guard(model), torch.no_grad():
+        for start in range(0, len(rows), 4):
+            chunk = rows[start : start + 4]
+            batch = to_batch(model, [text + it.prompt for it, _ in chunk])
+            logits = model(batch.tokens, **batch.model_kwargs())
+            last = logits[torch.arange(len(chunk)), batch.last_real.to(logits.device)]
+            correct += [int(p) == a for p, (_, a) in zip(last.argmax(-1).tolist(), chunk)]
+    kept = [r for r, ok in zip(rows, correct) if ok][:n]
+    return Prepared(
+        prompts=[text + it.prompt for it, _ in kept],
+        targets=[a for _, a in kept],
+        foils=None,
+        evidence=[answer_positions(model, it.prompt, it.meta["prompt_char_spans"], shift)
+                  for it, _ in kept],
+        n_total=len(rows),
+        n_correct=int(sum(correct)),
+        note=f"prompts ≤ {max_tokens} tokens",
+    )
+
+
+def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]
+                    ) -> list[dict[str, Any]]:
+    """Accuracy on the Linzen set by number of attractors (no evidence annotation there)."""
+    items, _ = single_token_items(model, load_linzen_sva(n=n, seed=seed))
+    shown = [dataclasses.replace(it, prompt=prefix[0] + it.prompt) for it in items]
+    score = contrastive_scores(model, shown)
+    rows = []
+    for k in sorted({it.meta["n_attractors"] for it in items}):
+        sel = [i for i, it in enumerate(items) if it.meta["n_attractors"] == k]
+        rows.append({"n_attractors": k, "n": len(sel),
+                     "accuracy": float(score.correct[sel].double().mean())})
+    rows.append({"n_attractors": "all", "n": len(items), "accuracy": score.accuracy})
+    return rows
+
+
+# ----------------------------------------------------------------------------- scoring
+def score_task(model: Any, task: str, data: Prepared, methods: Sequence[str], batch_size: int,
+               seed: int) -> list[dict[str, Any]]:
+    """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric."""
+    special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
+    modes = [("contrastive", True), ("plain", False)] if data.foils else [("plain", False)]
+    records: list[dict[str, Any]] = []
+    for start in range(0, len(data.prompts), batch_size):
+        sl = slice(start, start + batch_size)
+        prompts, evidence = data.prompts[sl], data.evidence[sl]
+        for mode, contrastive in modes:
+            target = Target(token=list(data.targets[sl]),
+                            foil=list(data.foils[sl]) if contrastive and data.foils else None)
+            for method in methods:
+                opts = {"seed": seed + start} if method == "random" else {}
+                attr = attribute(model, prompts, target, method=method, **opts)
+                for specials, ids in (("in", []), ("out", special_out)):
+                    values = plausibility(attr, evidence, list(METRICS.values()),
+                                          special_ids=ids)
+                    for metric, column in values.items():
+                        for j, v in enumerate(column.tolist()):
+                            records.append({"task": task, "item": start + j, "method": method,
+                                            "mode": mode, "specials": specials,
+                                            "metric": metric, "value": float(v)})
+    return records
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean per task × method × mode × specials × metric (NaN-ignoring)."""
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    for r in records:
+        key = (r["task"], r["method"], r["mode"], r["specials"], r["metric"])
+        groups.setdefault(key, []).append(r["value"])
+    rows = []
+    for (task, method, mode, specials, metric), values in groups.items():
+        finite = [v for v in values if not math.isnan(v)]
+        rows.append({"task": task, "method": method, "mode": mode, "specials": specials,
+                     "metric": metric, "mean": finite_mean(finite), "n": len(finite)})
+    return rows
+
+
+def task_table(summary: Sequence[dict[str, Any]], task: str, methods: Sequence[str],
+               specials: str) -> str:
+    """Rows: methods; columns: PG MRR RMA PTA for each mode (percent, as in the paper)."""
+    index = {(r["method"], r["mode"], r["metric"]): r["mean"] for r in summary
+             if r["task"] == task and r["specials"] == specials}
+    modes = [m for m in ("contrastive", "plain") if any(k[1] == m for k in index)]
+    header = ["method"] + [f"{short} {'C' if mode == 'contrastive' else 'NC'}"
+                           for mode in modes for short in METRICS]
+    rows = [[METHOD_LABELS.get(m, m)] + [pct(index.get((m, mode, METRICS[s])))
+                                         for mode in modes for s in METRICS]
+            for m in methods]
+    return format_table(rows, header, fmt=str)
+
+
+def figures(summary: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
+    from lens_attrib.plot import metric_bars
+
+    figs = []
+    for task in tasks:
+        for mode in ("contrastive", "plain"):
+            rows = [{"method": r["method"], "metric": r["metric"], "mean": r["mean"]}
+                    for r in summary
+                    if r["task"] == task and r["mode"] == mode and r["specials"] == "out"]
+            if rows:
+                figs.append(metric_bars(rows, title=f"{task}: {mode} target, specials out"))
+    return figs
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    model = setup(args)
+    random.seed(args.seed)
+    methods, tasks = parse_list(args.methods), parse_list(args.tasks)
+    prefix = bos_prefix(model, not args.no_bos)
+    records: list[dict[str, Any]] = []
+    counts: dict[str, dict[str, Any]] = {}
+    linzen: list[dict[str, Any]] = []
+    for task in tasks:
+        if task == "linzen":
+            linzen = linzen_accuracy(model, args.n_linzen, args.seed, prefix)
+            continue
+        if task == "qa":
+            data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens, prefix)
+        else:
+            data = prepare_contrastive(model, task, args.n, args.seed, prefix)
+        counts[task] = {"n_scored": data.n_total, "n_correct": data.n_correct,
+                        "n_explained": len(data.prompts), "note": data.note}
+        print(f"{task}: model correct on {data.n_correct}/{data.n_total}; explaining "
+              f"{len(data.prompts)}", flush=True)
+        records += score_task(model, task, data, methods, args.batch_size, args.seed)
+    summary = summarize(records)
+
+    lines = [f"Ground-truth agreement on {args.model} (percent; C = contrastive target − foil, "
+             f"NC = target logit; correctly predicted items only; special tokens excluded"
+             f"{', prompts start with ' + repr(prefix[0]) if prefix[0] else ''})"]
+    for task in counts:
+        lines += ["", f"[{task}] explained {counts[task]['n_explained']} of "
+                      f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
+                      f"{counts[task]['note']}".rstrip(),
+                  task_table(summary, task, methods, "out")]
+    if prefix[0]:
+        lines += ["", "Special tokens counted (specials in):"]
+        for task in counts:
+            lines += ["", f"[{task}]", task_table(summary, task, methods, "in")]
+    if linzen:
+        lines += ["", "Linzen et al. agreement set: accuracy by attractors (no evidence "
+                      "annotation, so no attribution metrics)",
+                  format_table([[r["n_attractors"], r["n"], r["accuracy"]] for r in linzen],
+                               ["attractors", "n", "accuracy"])]
+    table = "\n".join(lines)
+    print(table)
+    config = {**vars(args), "methods": methods, "tasks": tasks, "prefix": prefix[0]}
+    paths = write_outputs(args.out, "agreement", config=config, summary=summary,
+                          records=records, figures=figures(summary, list(counts)), table=table,
+                          extra={"counts": counts, "linzen": linzen})
+    return {"summary": summary, "counts": counts, "linzen": linzen, "paths": paths,
+            "table": table}
+
+
+if __name__ == "__main__":
+    main()
