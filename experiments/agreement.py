@@ -3,7 +3,10 @@
 Arras et al. (2025), "A Close Look at Decomposition-based XAI-Methods for Transformer Language
 Models": on tasks whose evidence is known, how often does a method point at it?
 
-    python -m experiments.agreement --model smollm2-135m --n 20 --out results/agreement
+    python -m experiments.agreement --model smollm2-135m --n 10 --out results/agreement
+
+Defaults are sized for a shared 2-core CPU; the paper-sized run is e.g. ``--n 200 --tasks
+ra,sva,blimp_rpsv,blimp_darn,blimp_ana,qa,linzen --n-qa 500 --n-linzen 2000 --device cuda``.
 
 Tasks (``--tasks``):
 
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import (
     base_parser,
@@ -58,14 +62,11 @@ from lens_attrib.data import (
     load_squad_v2,
 )
 from lens_attrib.evaluation.plausibility import plausibility
-from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import to_batch
-from lens_attrib.methods.common import final_residual, target_value
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
-DEFAULT_METHODS = ("alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,"
-                   "random")
-DEFAULT_TASKS = "ra,sva,blimp_rpsv,blimp_darn,qa,linzen"
+DEFAULT_METHODS = "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random"
+DEFAULT_TASKS = "ra,sva,blimp_darn,qa,linzen"
 METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "token_accuracy"}
 BLIMP_TASKS = {
     "blimp_rpsv": "regular_plural_subject_verb_agreement_1",
@@ -73,27 +74,48 @@ BLIMP_TASKS = {
     "blimp_ana": "anaphor_number_agreement",
 }
 METHOD_LABELS = {
-    "alti_logit": "ALTI-Logit", "attnlrp": "AttnLRP", "lrp": "LRP", "gradient": "Gradient (ℓ2)",
-    "grad_x_input": "Gradient×Input", "rollout": "Rollout", "normxlogit": "NormXLogit",
-    "grad_ellm": "Grad-ELLM", "random": "Random", "attention": "Attention",
-    "integrated_gradients": "Integrated Gradients", "value_zeroing": "Value zeroing",
-    "logat": "LogAt", "embed_norm": "Embedding norm", "alti": "ALTI",
+    "alti_logit": "ALTI-Logit",
+    "attnlrp": "AttnLRP",
+    "lrp": "LRP",
+    "gradient": "Gradient (ℓ2)",
+    "grad_x_input": "Gradient×Input",
+    "rollout": "Rollout",
+    "normxlogit": "NormXLogit",
+    "grad_ellm": "Grad-ELLM",
+    "random": "Random",
+    "attention": "Attention",
+    "integrated_gradients": "Integrated Gradients",
+    "value_zeroing": "Value zeroing",
+    "logat": "LogAt",
+    "embed_norm": "Embedding norm",
+    "alti": "ALTI",
 }
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
-    parser = base_parser(__doc__.split("\n")[0], n=20, out="results/agreement")
+    parser = base_parser(__doc__.split("\n")[0], n=10, out="results/agreement")
     parser.add_argument("--tasks", default=DEFAULT_TASKS)
     parser.add_argument("--methods", default=DEFAULT_METHODS)
-    parser.add_argument("--n-qa", type=int, default=60,
-                        help="SQuAD questions scored (only those the model answers right are "
-                             "explained, at most --n)")
-    parser.add_argument("--n-linzen", type=int, default=200)
-    parser.add_argument("--qa-max-tokens", type=int, default=160,
-                        help="skip SQuAD prompts longer than this many tokens")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--no-bos", action="store_true",
-                        help="do not put <|endoftext|> (the BOS-like token) before each prompt")
+    parser.add_argument(
+        "--n-qa",
+        type=int,
+        default=30,
+        help="SQuAD questions scored (only those the model answers right are "
+        "explained, at most --n)",
+    )
+    parser.add_argument("--n-linzen", type=int, default=100)
+    parser.add_argument(
+        "--qa-max-tokens",
+        type=int,
+        default=160,
+        help="skip SQuAD prompts longer than this many tokens",
+    )
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument(
+        "--no-bos",
+        action="store_true",
+        help="do not put <|endoftext|> (the BOS-like token) before each prompt",
+    )
     return parser.parse_args(argv)
 
 
@@ -131,8 +153,9 @@ def template_items(task: str, n: int, seed: int) -> list[TaskItem]:
     raise KeyError(task)
 
 
-def prepare_contrastive(model: Any, task: str, n: int, seed: int, prefix: tuple[str, int]
-                        ) -> Prepared:
+def prepare_contrastive(
+    model: Any, task: str, n: int, seed: int, prefix: tuple[str, int]
+) -> Prepared:
     """Single-token, correctly predicted items of a template/BLiMP task (at most ``n``)."""
     items, _ = single_token_items(model, template_items(task, n, seed))
     items = [it for it in items if it.evidence_words]
@@ -150,16 +173,18 @@ def prepare_contrastive(model: Any, task: str, n: int, seed: int, prefix: tuple[
     )
 
 
-def answer_positions(model: Any, prompt: str, spans: Sequence[tuple[int, int]], shift: int
-                     ) -> list[int]:
+def answer_positions(
+    model: Any, prompt: str, spans: Sequence[tuple[int, int]], shift: int
+) -> list[int]:
     """Token positions (in ``prefix + prompt``) overlapping the answer's character span."""
     enc = model.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
     start, end = spans[0]
     return [i + shift for i, (s, e) in enumerate(enc["offset_mapping"]) if s < end and e > start]
 
 
-def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int,
-               prefix: tuple[str, int]) -> Prepared:
+def prepare_qa(
+    model: Any, n: int, n_scored: int, seed: int, max_tokens: int, prefix: tuple[str, int]
+) -> Prepared:
     """SQuAD v2 answerable questions the model answers with the gold answer's first token."""
     text, shift = prefix
     tok = model.tokenizer
@@ -186,16 +211,17 @@ def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int,
         prompts=[text + it.prompt for it, _ in kept],
         targets=[a for _, a in kept],
         foils=None,
-        evidence=[answer_positions(model, it.prompt, it.meta["prompt_char_spans"], shift)
-                  for it, _ in kept],
+        evidence=[
+            answer_positions(model, it.prompt, it.meta["prompt_char_spans"], shift)
+            for it, _ in kept
+        ],
         n_total=len(rows),
         n_correct=int(sum(correct)),
         note=f"prompts ≤ {max_tokens} tokens",
     )
 
 
-def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]
-                    ) -> list[dict[str, Any]]:
+def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]) -> list[dict[str, Any]]:
     """Accuracy on the Linzen set by number of attractors (no evidence annotation there)."""
     items, _ = single_token_items(model, load_linzen_sva(n=n, seed=seed))
     shown = [dataclasses.replace(it, prompt=prefix[0] + it.prompt) for it in items]
@@ -203,15 +229,21 @@ def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]
     rows = []
     for k in sorted({it.meta["n_attractors"] for it in items}):
         sel = [i for i, it in enumerate(items) if it.meta["n_attractors"] == k]
-        rows.append({"n_attractors": k, "n": len(sel),
-                     "accuracy": float(score.correct[sel].double().mean())})
+        rows.append(
+            {
+                "n_attractors": k,
+                "n": len(sel),
+                "accuracy": float(score.correct[sel].double().mean()),
+            }
+        )
     rows.append({"n_attractors": "all", "n": len(items), "accuracy": score.accuracy})
     return rows
 
 
 # ----------------------------------------------------------------------------- scoring
-def score_task(model: Any, task: str, data: Prepared, methods: Sequence[str], batch_size: int,
-               seed: int) -> list[dict[str, Any]]:
+def score_task(
+    model: Any, task: str, data: Prepared, methods: Sequence[str], batch_size: int, seed: int
+) -> list[dict[str, Any]]:
     """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     modes = [("contrastive", True), ("plain", False)] if data.foils else [("plain", False)]
@@ -220,19 +252,28 @@ def score_task(model: Any, task: str, data: Prepared, methods: Sequence[str], ba
         sl = slice(start, start + batch_size)
         prompts, evidence = data.prompts[sl], data.evidence[sl]
         for mode, contrastive in modes:
-            target = Target(token=list(data.targets[sl]),
-                            foil=list(data.foils[sl]) if contrastive and data.foils else None)
+            target = Target(
+                token=list(data.targets[sl]),
+                foil=list(data.foils[sl]) if contrastive and data.foils else None,
+            )
             for method in methods:
                 opts = {"seed": seed + start} if method == "random" else {}
                 attr = attribute(model, prompts, target, method=method, **opts)
                 for specials, ids in (("in", []), ("out", special_out)):
-                    values = plausibility(attr, evidence, list(METRICS.values()),
-                                          special_ids=ids)
+                    values = plausibility(attr, evidence, list(METRICS.values()), special_ids=ids)
                     for metric, column in values.items():
                         for j, v in enumerate(column.tolist()):
-                            records.append({"task": task, "item": start + j, "method": method,
-                                            "mode": mode, "specials": specials,
-                                            "metric": metric, "value": float(v)})
+                            records.append(
+                                {
+                                    "task": task,
+                                    "item": start + j,
+                                    "method": method,
+                                    "mode": mode,
+                                    "specials": specials,
+                                    "metric": metric,
+                                    "value": float(v),
+                                }
+                            )
     return records
 
 
@@ -245,22 +286,38 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (task, method, mode, specials, metric), values in groups.items():
         finite = [v for v in values if not math.isnan(v)]
-        rows.append({"task": task, "method": method, "mode": mode, "specials": specials,
-                     "metric": metric, "mean": finite_mean(finite), "n": len(finite)})
+        rows.append(
+            {
+                "task": task,
+                "method": method,
+                "mode": mode,
+                "specials": specials,
+                "metric": metric,
+                "mean": finite_mean(finite),
+                "n": len(finite),
+            }
+        )
     return rows
 
 
-def task_table(summary: Sequence[dict[str, Any]], task: str, methods: Sequence[str],
-               specials: str) -> str:
+def task_table(
+    summary: Sequence[dict[str, Any]], task: str, methods: Sequence[str], specials: str
+) -> str:
     """Rows: methods; columns: PG MRR RMA PTA for each mode (percent, as in the paper)."""
-    index = {(r["method"], r["mode"], r["metric"]): r["mean"] for r in summary
-             if r["task"] == task and r["specials"] == specials}
+    index = {
+        (r["method"], r["mode"], r["metric"]): r["mean"]
+        for r in summary
+        if r["task"] == task and r["specials"] == specials
+    }
     modes = [m for m in ("contrastive", "plain") if any(k[1] == m for k in index)]
-    header = ["method"] + [f"{short} {'C' if mode == 'contrastive' else 'NC'}"
-                           for mode in modes for short in METRICS]
-    rows = [[METHOD_LABELS.get(m, m)] + [pct(index.get((m, mode, METRICS[s])))
-                                         for mode in modes for s in METRICS]
-            for m in methods]
+    header = ["method"] + [
+        f"{short} {'C' if mode == 'contrastive' else 'NC'}" for mode in modes for short in METRICS
+    ]
+    rows = [
+        [METHOD_LABELS.get(m, m)]
+        + [pct(index.get((m, mode, METRICS[s]))) for mode in modes for s in METRICS]
+        for m in methods
+    ]
     return format_table(rows, header, fmt=str)
 
 
@@ -270,9 +327,11 @@ def figures(summary: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any
     figs = []
     for task in tasks:
         for mode in ("contrastive", "plain"):
-            rows = [{"method": r["method"], "metric": r["metric"], "mean": r["mean"]}
-                    for r in summary
-                    if r["task"] == task and r["mode"] == mode and r["specials"] == "out"]
+            rows = [
+                {"method": r["method"], "metric": r["metric"], "mean": r["mean"]}
+                for r in summary
+                if r["task"] == task and r["mode"] == mode and r["specials"] == "out"
+            ]
             if rows:
                 figs.append(metric_bars(rows, title=f"{task}: {mode} target, specials out"))
     return figs
@@ -295,38 +354,61 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens, prefix)
         else:
             data = prepare_contrastive(model, task, args.n, args.seed, prefix)
-        counts[task] = {"n_scored": data.n_total, "n_correct": data.n_correct,
-                        "n_explained": len(data.prompts), "note": data.note}
-        print(f"{task}: model correct on {data.n_correct}/{data.n_total}; explaining "
-              f"{len(data.prompts)}", flush=True)
+        counts[task] = {
+            "n_scored": data.n_total,
+            "n_correct": data.n_correct,
+            "n_explained": len(data.prompts),
+            "note": data.note,
+        }
+        print(
+            f"{task}: model correct on {data.n_correct}/{data.n_total}; explaining "
+            f"{len(data.prompts)}",
+            flush=True,
+        )
         records += score_task(model, task, data, methods, args.batch_size, args.seed)
     summary = summarize(records)
 
-    lines = [f"Ground-truth agreement on {args.model} (percent; C = contrastive target − foil, "
-             f"NC = target logit; correctly predicted items only; special tokens excluded"
-             f"{', prompts start with ' + repr(prefix[0]) if prefix[0] else ''})"]
+    lines = [
+        f"Ground-truth agreement on {args.model} (percent; C = contrastive target − foil, "
+        f"NC = target logit; correctly predicted items only; special tokens excluded"
+        f"{', prompts start with ' + repr(prefix[0]) if prefix[0] else ''})"
+    ]
     for task in counts:
-        lines += ["", f"[{task}] explained {counts[task]['n_explained']} of "
-                      f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
-                      f"{counts[task]['note']}".rstrip(),
-                  task_table(summary, task, methods, "out")]
+        lines += [
+            "",
+            f"[{task}] explained {counts[task]['n_explained']} of "
+            f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
+            f"{counts[task]['note']}".rstrip(),
+            task_table(summary, task, methods, "out"),
+        ]
     if prefix[0]:
         lines += ["", "Special tokens counted (specials in):"]
         for task in counts:
             lines += ["", f"[{task}]", task_table(summary, task, methods, "in")]
     if linzen:
-        lines += ["", "Linzen et al. agreement set: accuracy by attractors (no evidence "
-                      "annotation, so no attribution metrics)",
-                  format_table([[r["n_attractors"], r["n"], r["accuracy"]] for r in linzen],
-                               ["attractors", "n", "accuracy"])]
+        lines += [
+            "",
+            "Linzen et al. agreement set: accuracy by attractors (no evidence "
+            "annotation, so no attribution metrics)",
+            format_table(
+                [[r["n_attractors"], r["n"], r["accuracy"]] for r in linzen],
+                ["attractors", "n", "accuracy"],
+            ),
+        ]
     table = "\n".join(lines)
     print(table)
     config = {**vars(args), "methods": methods, "tasks": tasks, "prefix": prefix[0]}
-    paths = write_outputs(args.out, "agreement", config=config, summary=summary,
-                          records=records, figures=figures(summary, list(counts)), table=table,
-                          extra={"counts": counts, "linzen": linzen})
-    return {"summary": summary, "counts": counts, "linzen": linzen, "paths": paths,
-            "table": table}
+    paths = write_outputs(
+        args.out,
+        "agreement",
+        config=config,
+        summary=summary,
+        records=records,
+        figures=figures(summary, list(counts)),
+        table=table,
+        extra={"counts": counts, "linzen": linzen},
+    )
+    return {"summary": summary, "counts": counts, "linzen": linzen, "paths": paths, "table": table}
 
 
 if __name__ == "__main__":

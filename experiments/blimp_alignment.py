@@ -18,7 +18,7 @@ Methods (one row per layer; layer 0 is the embedding, layer ``l ≥ 1`` the resi
 contributions traced to tokens), the embedding norm (layer 0 only) and random scores (the same at
 every layer).
 
-    python -m experiments.blimp_alignment --model smollm2-135m --n 20 --out results/blimp_alignment
+    python -m experiments.blimp_alignment --model smollm2-135m --n 10 --out results/blimp_alignment
 """
 
 from __future__ import annotations
@@ -48,19 +48,29 @@ PARADIGMS = {
     "darn": "distractor_agreement_relational_noun",
     "rpsv": "regular_plural_subject_verb_agreement_1",
 }
-METHODS = ("normxlogit", "logat_target", "logat_foil", "logat_plural", "alti_logit",
-           "embed_norm", "random")
+METHODS = (
+    "normxlogit",
+    "logat_target",
+    "logat_foil",
+    "logat_plural",
+    "alti_logit",
+    "embed_norm",
+    "random",
+)
 METRICS = {"DP": "dot_product", "AP": "average_precision"}
 PLURAL = " plural"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
-    parser = base_parser(__doc__.split("\n")[0], n=20, out="results/blimp_alignment")
+    parser = base_parser(__doc__.split("\n")[0], n=10, out="results/blimp_alignment")
     parser.add_argument("--paradigms", default=",".join(PARADIGMS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--only-correct", action="store_true",
-                        help="explain only items where logit(good) > logit(bad)")
+    parser.add_argument(
+        "--only-correct",
+        action="store_true",
+        help="explain only items where logit(good) > logit(bad)",
+    )
     return parser.parse_args(argv)
 
 
@@ -74,8 +84,9 @@ def items_for(model: Any, paradigm: str, n: int, seed: int, only_correct: bool) 
     return items[:n]
 
 
-def layer_rows(model: Any, method: str, prompts: list[str], targets: list[str],
-               foils: list[str], seed: int) -> tuple[Attribution, torch.Tensor]:
+def layer_rows(
+    model: Any, method: str, prompts: list[str], targets: list[str], foils: list[str], seed: int
+) -> tuple[Attribution, torch.Tensor]:
     """The Attribution and its per-layer scores ``[batch, n_layers + 1, pos]`` (row 0: embed).
 
     Rows a method does not define are NaN (the embedding norm has only row 0; layer methods
@@ -92,8 +103,9 @@ def layer_rows(model: Any, method: str, prompts: list[str], targets: list[str],
     else:
         attr = attribute(model, prompts, Target(token=targets), method=method)
     n_layers = int(model.cfg.n_layers)
-    out = torch.full((len(prompts), n_layers + 1, attr.scores.shape[-1]), float("nan"),
-                     dtype=torch.float64)
+    out = torch.full(
+        (len(prompts), n_layers + 1, attr.scores.shape[-1]), float("nan"), dtype=torch.float64
+    )
     if method in ("embed_norm",):
         out[:, 0] = attr.scores.detach().cpu().double()
     elif method == "random":
@@ -105,8 +117,9 @@ def layer_rows(model: Any, method: str, prompts: list[str], targets: list[str],
     return attr, out
 
 
-def score(model: Any, paradigm: str, items: list[Any], methods: Sequence[str],
-          batch_size: int, seed: int) -> list[dict[str, Any]]:
+def score(
+    model: Any, paradigm: str, items: list[Any], methods: Sequence[str], batch_size: int, seed: int
+) -> list[dict[str, Any]]:
     """Records: paradigm × item × method × layer × metric."""
     special = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     prepend = bool(getattr(model.cfg, "default_prepend_bos", False))
@@ -114,24 +127,42 @@ def score(model: Any, paradigm: str, items: list[Any], methods: Sequence[str],
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         prompts = [it.prompt for it in chunk]
-        evidence = [evidence_token_positions(it, model.tokenizer, prepend_bos=prepend)
-                    for it in chunk]
+        evidence = [
+            evidence_token_positions(it, model.tokenizer, prepend_bos=prepend) for it in chunk
+        ]
         for method in methods:
-            attr, rows = layer_rows(model, method, prompts, [it.target for it in chunk],
-                                    [it.foil for it in chunk], seed + start)
+            attr, rows = layer_rows(
+                model,
+                method,
+                prompts,
+                [it.target for it in chunk],
+                [it.foil for it in chunk],
+                seed + start,
+            )
             for layer in range(rows.shape[1]):
                 if bool(torch.isnan(rows[:, layer]).all()):
                     continue
-                view = Attribution(scores=rows[:, layer].nan_to_num(0.0), tokens=attr.tokens,
-                                   token_ids=attr.token_ids, mask=attr.mask, target=attr.target,
-                                   method=method)
-                values = plausibility(view, evidence, list(METRICS.values()),
-                                      special_ids=special)
+                view = Attribution(
+                    scores=rows[:, layer].nan_to_num(0.0),
+                    tokens=attr.tokens,
+                    token_ids=attr.token_ids,
+                    mask=attr.mask,
+                    target=attr.target,
+                    method=method,
+                )
+                values = plausibility(view, evidence, list(METRICS.values()), special_ids=special)
                 for metric, column in values.items():
                     for j, v in enumerate(column.tolist()):
-                        records.append({"paradigm": paradigm, "item": start + j,
-                                        "method": method, "layer": layer, "metric": metric,
-                                        "value": float(v)})
+                        records.append(
+                            {
+                                "paradigm": paradigm,
+                                "item": start + j,
+                                "method": method,
+                                "layer": layer,
+                                "metric": metric,
+                                "value": float(v),
+                            }
+                        )
     return records
 
 
@@ -139,18 +170,31 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[Any, ...], list[float]] = {}
     for r in records:
         groups.setdefault((r["paradigm"], r["method"], r["layer"], r["metric"]), []).append(
-            r["value"])
-    return [{"paradigm": p, "method": m, "layer": layer, "metric": metric,
-             "mean": finite_mean(v), "n": len(v)}
-            for (p, m, layer, metric), v in groups.items()]
+            r["value"]
+        )
+    return [
+        {
+            "paradigm": p,
+            "method": m,
+            "layer": layer,
+            "metric": metric,
+            "mean": finite_mean(v),
+            "n": len(v),
+        }
+        for (p, m, layer, metric), v in groups.items()
+    ]
 
 
-def paradigm_table(summary: Sequence[dict[str, Any]], paradigm: str, methods: Sequence[str],
-                   n_layers: int) -> str:
+def paradigm_table(
+    summary: Sequence[dict[str, Any]], paradigm: str, methods: Sequence[str], n_layers: int
+) -> str:
     """Rows: methods; columns: DP and AP at a few layers, and the best layer's value."""
     shown = sorted({0, *range(n_layers // 5, n_layers + 1, max(1, n_layers // 5)), n_layers})
-    index = {(r["method"], r["metric"], r["layer"]): r["mean"] for r in summary
-             if r["paradigm"] == paradigm}
+    index = {
+        (r["method"], r["metric"], r["layer"]): r["mean"]
+        for r in summary
+        if r["paradigm"] == paradigm
+    }
     header = ["method"]
     for short in METRICS:
         header += [f"{short}@{layer}" for layer in shown] + [f"{short} best (layer)"]
@@ -171,8 +215,12 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None or value != value else f"{value:.3f}"
 
 
-def figures(summary: Sequence[dict[str, Any]], paradigms: Sequence[str],
-            methods: Sequence[str], n_layers: int) -> list[Any]:
+def figures(
+    summary: Sequence[dict[str, Any]],
+    paradigms: Sequence[str],
+    methods: Sequence[str],
+    n_layers: int,
+) -> list[Any]:
     from lens_attrib.plot import layer_curves
 
     figs = []
@@ -180,11 +228,19 @@ def figures(summary: Sequence[dict[str, Any]], paradigms: Sequence[str],
         for short, metric in METRICS.items():
             series = {}
             for m in methods:
-                per = {r["layer"]: r["mean"] for r in summary if r["paradigm"] == paradigm
-                       and r["method"] == m and r["metric"] == metric}
+                per = {
+                    r["layer"]: r["mean"]
+                    for r in summary
+                    if r["paradigm"] == paradigm and r["method"] == m and r["metric"] == metric
+                }
                 series[m] = [per.get(layer, float("nan")) for layer in range(n_layers + 1)]
-            figs.append(layer_curves(series, title=f"{paradigm} ({PARADIGMS[paradigm]}): {short} "
-                                     "per layer (0 = embedding)", yaxis=short))
+            figs.append(
+                layer_curves(
+                    series,
+                    title=f"{paradigm} ({PARADIGMS[paradigm]}): {short} per layer (0 = embedding)",
+                    yaxis=short,
+                )
+            )
     return figs
 
 
@@ -192,11 +248,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     model = setup(args)
     paradigms, methods = parse_list(args.paradigms), parse_list(args.methods)
-    unknown = [p for p in paradigms if p not in PARADIGMS] + [m for m in methods
-                                                               if m not in METHODS]
+    unknown = [p for p in paradigms if p not in PARADIGMS] + [
+        m for m in methods if m not in METHODS
+    ]
     if unknown:
-        raise SystemExit(f"unknown paradigms/methods {unknown}: use {list(PARADIGMS)} / "
-                         f"{list(METHODS)}")
+        raise SystemExit(
+            f"unknown paradigms/methods {unknown}: use {list(PARADIGMS)} / {list(METHODS)}"
+        )
     n_layers = int(model.cfg.n_layers)
     records: list[dict[str, Any]] = []
     counts = {}
@@ -206,17 +264,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"{paradigm}: {len(items)} items", flush=True)
         records += score(model, paradigm, items, methods, args.batch_size, args.seed)
     summary = summarize(records)
-    lines = [f"Per-layer alignment with BLiMP evidence on {args.model} (DP: l1-normalised dot "
-             "product, AP: average precision; layer 0 = embedding; mean over items)"]
+    lines = [
+        f"Per-layer alignment with BLiMP evidence on {args.model} (DP: l1-normalised dot "
+        "product, AP: average precision; layer 0 = embedding; mean over items)"
+    ]
     for paradigm in paradigms:
-        lines += ["", f"[{paradigm}] {PARADIGMS[paradigm]}, {counts[paradigm]} items",
-                  paradigm_table(summary, paradigm, methods, n_layers)]
+        lines += [
+            "",
+            f"[{paradigm}] {PARADIGMS[paradigm]}, {counts[paradigm]} items",
+            paradigm_table(summary, paradigm, methods, n_layers),
+        ]
     table = "\n".join(lines)
     print(table)
-    paths = write_outputs(args.out, "blimp_alignment", config={**vars(args)}, summary=summary,
-                          records=records, table=table,
-                          figures=figures(summary, paradigms, methods, n_layers),
-                          extra={"counts": counts, "n_layers": n_layers})
+    paths = write_outputs(
+        args.out,
+        "blimp_alignment",
+        config={**vars(args)},
+        summary=summary,
+        records=records,
+        table=table,
+        figures=figures(summary, paradigms, methods, n_layers),
+        extra={"counts": counts, "n_layers": n_layers},
+    )
     return {"summary": summary, "counts": counts, "paths": paths, "table": table}
 
 

@@ -21,7 +21,13 @@ Metrics per method (:mod:`lens_attrib.evaluation`):
 Special tokens (``<|im_start|>``…) are never perturbed; the decoder's last token is kept (the
 prediction is read there). Long inputs are truncated to ``--max-tokens`` tokens of text.
 
-    python -m experiments.faithfulness --model smollm2-135m --n 6 --out results/faithfulness
+    python -m experiments.faithfulness --model smollm2-135m --n 2 --out results/faithfulness
+
+Defaults are sized for a shared 2-core CPU (2 items per dataset, 5 methods, 4 AOPC fractions, a
+3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 200 --methods
+alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random --fractions
+0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95 --n-draws 15 --max-tokens 256
+--device cuda``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import (
     base_parser,
@@ -42,13 +49,14 @@ from experiments.common import (
 from lens_attrib import Target, attribute
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import aopc, soft_metrics
-from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import to_batch
 
-DEFAULT_METHODS = ("alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,"
-                   "random")
-LABELS = {"sst2": (" Negative", " Positive"), "imdb": (" Negative", " Positive"),
-          "boolq": (" false", " true")}
+DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"
+LABELS = {
+    "sst2": (" Negative", " Positive"),
+    "imdb": (" Negative", " Positive"),
+    "boolq": (" false", " true"),
+}
 COLUMNS = {
     "AOPC-comp ↑": "comprehensiveness",
     "AOPC-suff ↓": "sufficiency",
@@ -63,14 +71,20 @@ COLUMNS = {
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
-    parser = base_parser(__doc__.split("\n")[0], n=6, out="results/faithfulness")
+    parser = base_parser(__doc__.split("\n")[0], n=2, out="results/faithfulness")
     parser.add_argument("--datasets", default="sst2,imdb,boolq")
     parser.add_argument("--methods", default=DEFAULT_METHODS)
-    parser.add_argument("--max-tokens", type=int, default=96,
-                        help="truncate each review / passage to this many tokens")
-    parser.add_argument("--n-draws", type=int, default=3, help="Monte-Carlo draws for Soft")
-    parser.add_argument("--pis", default="0.1,0.3,0.5,0.7,0.9",
-                        help="π grid (the paper: 0.05,0.1,…,0.95)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=32,
+        help="truncate each review / passage to this many tokens",
+    )
+    parser.add_argument("--n-draws", type=int, default=2, help="Monte-Carlo draws for Soft")
+    parser.add_argument("--pis", default="0.2,0.5,0.8", help="π grid (the paper: 0.05,0.1,…,0.95)")
+    parser.add_argument(
+        "--fractions", default="0.2,0.4,0.6,0.8", help="AOPC fractions (the paper: 0.1,…,0.9)"
+    )
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-batch", type=int, default=32, help="rows per perturbed forward")
     parser.add_argument("--no-fixed", action="store_true", help="skip fixed-routing π-Soft")
@@ -97,8 +111,9 @@ def make_prompt(tokenizer: Any, dataset: str, item: Any, max_tokens: int, chat: 
         user = f"Review: {review}\nIs the sentiment of this review Positive or Negative?"
         plain, lead = f"Review: {review}\nSentiment (Positive or Negative):", "Sentiment:"
     if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+        )
         return str(text) + lead
     return plain
 
@@ -137,17 +152,26 @@ def predict(model: Any, prompts: list[str], ids: list[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------------------- metrics
-def evaluate_batch(model: Any, attr: Any, args: Any, pis: list[float]
-                   ) -> tuple[dict[str, torch.Tensor], Any, Any]:
+def evaluate_batch(
+    model: Any, attr: Any, args: Any, pis: list[float]
+) -> tuple[dict[str, torch.Tensor], Any, Any]:
     """All metric columns for one Attribution, plus the AOPC and dynamic Soft results."""
     values: dict[str, torch.Tensor] = {}
-    res_a = aopc(model, attr, label="target", max_batch=args.max_batch)
+    fractions = [float(f) for f in parse_list(args.fractions)]
+    res_a = aopc(model, attr, fractions=fractions, label="target", max_batch=args.max_batch)
     values["comprehensiveness"] = res_a.comprehensiveness
     values["sufficiency"] = res_a.sufficiency
     res_d = None
     for routing in ("dynamic",) if args.no_fixed else ("dynamic", "fixed"):
-        res = soft_metrics(model, attr, pis=pis, n_draws=args.n_draws, routing=routing,
-                           seed=args.seed, max_batch=args.max_batch)
+        res = soft_metrics(
+            model,
+            attr,
+            pis=pis,
+            n_draws=args.n_draws,
+            routing=routing,
+            seed=args.seed,
+            max_batch=args.max_batch,
+        )
         suffix = "" if routing == "dynamic" else "_fixed"
         for key, v in res.as_dict().items():
             values[key + suffix] = v
@@ -183,14 +207,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for dataset in datasets:
         ids = label_ids(tok, dataset)
         items = load(dataset, args.n, args.seed)
-        prompts = [make_prompt(tok, dataset, it, args.max_tokens, not args.no_chat)
-                   for it in items]
+        prompts = [make_prompt(tok, dataset, it, args.max_tokens, not args.no_chat) for it in items]
         pred = predict(model, prompts, ids)
         accuracy[dataset] = sum(int(p == it.label) for p, it in zip(pred, items)) / max(
-            len(items), 1)
+            len(items), 1
+        )
         lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-        print(f"{dataset}: {len(items)} items, zero-shot accuracy {accuracy[dataset]:.2f}, "
-              f"prompt tokens {min(lengths)}–{max(lengths)}", flush=True)
+        print(
+            f"{dataset}: {len(items)} items, zero-shot accuracy {accuracy[dataset]:.2f}, "
+            f"prompt tokens {min(lengths)}–{max(lengths)}",
+            flush=True,
+        )
         aopc_parts: dict[str, list[Any]] = {m: [] for m in methods}
         soft_parts: dict[str, list[Any]] = {m: [] for m in methods}
         for start in range(0, len(prompts), args.batch_size):
@@ -204,23 +231,45 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 soft_parts[method].append(res_d)
                 for metric, column in values.items():
                     for j, v in enumerate(column.tolist()):
-                        records.append({"dataset": dataset, "item": start + j, "method": method,
-                                        "metric": metric, "value": float(v),
-                                        "gold": items[start + j].label,
-                                        "prediction": pred[start + j]})
+                        records.append(
+                            {
+                                "dataset": dataset,
+                                "item": start + j,
+                                "method": method,
+                                "metric": metric,
+                                "value": float(v),
+                                "gold": items[start + j].label,
+                                "prediction": pred[start + j],
+                            }
+                        )
         if prompts:
             from lens_attrib.plot import aopc_curves, pi_curves
 
-            figs.append(aopc_curves({m: concat_results(p) for m, p in aopc_parts.items()},
-                                    title=f"{dataset}: AOPC curves"))
-            figs.append(pi_curves({m: concat_results(p) for m, p in soft_parts.items()},
-                                  title=f"{dataset}: π-Soft curves (dynamic routing)"))
+            figs.append(
+                aopc_curves(
+                    {m: concat_results(p) for m, p in aopc_parts.items()},
+                    title=f"{dataset}: AOPC curves",
+                )
+            )
+            figs.append(
+                pi_curves(
+                    {m: concat_results(p) for m, p in soft_parts.items()},
+                    title=f"{dataset}: π-Soft curves (dynamic routing)",
+                )
+            )
     summary = summarize(records)
     table = render(summary, datasets, methods, accuracy, args)
     print(table)
-    paths = write_outputs(args.out, "faithfulness", config={**vars(args), "pis": pis},
-                          summary=summary, records=records, figures=figs, table=table,
-                          extra={"accuracy": accuracy})
+    paths = write_outputs(
+        args.out,
+        "faithfulness",
+        config={**vars(args), "pis": pis},
+        summary=summary,
+        records=records,
+        figures=figs,
+        table=table,
+        extra={"accuracy": accuracy},
+    )
     return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
 
 
@@ -228,21 +277,33 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str, str], list[float]] = {}
     for r in records:
         groups.setdefault((r["dataset"], r["method"], r["metric"]), []).append(r["value"])
-    return [{"dataset": d, "method": m, "metric": metric, "mean": finite_mean(v), "n": len(v)}
-            for (d, m, metric), v in groups.items()]
+    return [
+        {"dataset": d, "method": m, "metric": metric, "mean": finite_mean(v), "n": len(v)}
+        for (d, m, metric), v in groups.items()
+    ]
 
 
-def render(summary: Sequence[dict[str, Any]], datasets: Sequence[str], methods: Sequence[str],
-           accuracy: dict[str, float], args: Any) -> str:
+def render(
+    summary: Sequence[dict[str, Any]],
+    datasets: Sequence[str],
+    methods: Sequence[str],
+    accuracy: dict[str, float],
+    args: Any,
+) -> str:
     index = {(r["dataset"], r["method"], r["metric"]): r["mean"] for r in summary}
-    lines = [f"Faithfulness on {args.model} (zero-shot, {'chat' if not args.no_chat else 'plain'}"
-             f" prompts, ≤{args.max_tokens} text tokens; π grid {args.pis}, {args.n_draws} "
-             "draws; mean over items)"]
+    lines = [
+        f"Faithfulness on {args.model} (zero-shot, {'chat' if not args.no_chat else 'plain'}"
+        f" prompts, ≤{args.max_tokens} text tokens; π grid {args.pis}, {args.n_draws} "
+        "draws; mean over items)"
+    ]
     for dataset in datasets:
         cols = [c for c, key in COLUMNS.items() if any(k[2] == key for k in index)]
         rows = [[m] + [index.get((dataset, m, COLUMNS[c])) for c in cols] for m in methods]
-        lines += ["", f"[{dataset}] zero-shot accuracy {accuracy.get(dataset, float('nan')):.2f}",
-                  format_table(rows, ["method", *cols])]
+        lines += [
+            "",
+            f"[{dataset}] zero-shot accuracy {accuracy.get(dataset, float('nan')):.2f}",
+            format_table(rows, ["method", *cols]),
+        ]
     return "\n".join(lines)
 
 

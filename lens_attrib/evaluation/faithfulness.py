@@ -5,11 +5,11 @@ Every metric consumes an :class:`~lens_attrib.attribution.Attribution` and re-ru
 perturbed copies of its inputs; nothing here knows how the scores were made.
 
 Perturbation. For item ``b`` with real tokens ``x_1..x_n`` the *always kept* tokens are the special
-tokens (BOS/CLS/SEP…, ids from ``special_ids``, default the tokenizer's ``all_special_ids``) and the
-target position (for decoders the last real token: the prediction is read there, so deleting it
-would change the question, not the evidence — we keep it and rank only the other tokens). The
-remaining *candidates* are ranked by score (descending, stable: ties keep sequence order) and the
-top ``k(f) = ⌈f·n_cand⌉`` are perturbed:
+tokens (BOS/CLS/SEP…, ids from ``special_ids``, default the tokenizer's ``all_special_ids``
+without UNK) and the target position (for decoders the last real token: the prediction is read
+there, so deleting it would change the question, not the evidence — we keep it and rank only the
+other tokens). The remaining *candidates* are ranked by score (descending, stable: ties keep
+sequence order) and the top ``k(f) = ⌈f·n_cand⌉`` are perturbed:
 
 - decoders: the tokens are **deleted** and the sequence re-padded (left) — the target position
   moves with the deletions;

@@ -1,0 +1,240 @@
+"""Each experiment's ``main([...])`` runs end to end on SmolLM2 with tiny settings and writes
+JSON + CSV + HTML whose keys and values make sense."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from experiments import common
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_model(smollm2):
+    """The experiments load their model through ``common.get_model``: hand them the fixture's."""
+    common._MODELS[("smollm2-135m", "cpu")] = smollm2
+    yield
+    common._MODELS.pop(("smollm2-135m", "cpu"), None)
+
+
+def _outputs(folder: Path, name: str) -> tuple[dict, list[dict]]:
+    for ext in ("json", "csv", "html"):
+        assert (folder / f"{name}.{ext}").stat().st_size > 0
+    payload = json.loads((folder / f"{name}.json").read_text())
+    assert {"config", "summary", "records", "table"} <= set(payload)
+    with (folder / f"{name}.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(payload["summary"])
+    assert "plotly" in (folder / f"{name}.html").read_text()
+    return payload, rows
+
+
+def _in_unit(value) -> bool:
+    return value is None or 0.0 <= value <= 1.0
+
+
+def test_agreement(tmp_path):
+    from experiments import agreement
+
+    out = agreement.main(
+        [
+            "--n",
+            "2",
+            "--tasks",
+            "ra,linzen",
+            "--methods",
+            "grad_x_input,random",
+            "--n-linzen",
+            "4",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    payload, rows = _outputs(tmp_path, "agreement")
+    assert {r["metric"] for r in payload["summary"]} == set(agreement.METRICS.values())
+    assert {(r["mode"], r["specials"]) for r in payload["summary"]} == {
+        ("contrastive", "in"),
+        ("contrastive", "out"),
+        ("plain", "in"),
+        ("plain", "out"),
+    }
+    assert all(_in_unit(r["mean"]) for r in payload["summary"])
+    assert payload["counts"]["ra"]["n_explained"] <= 2
+    assert payload["counts"]["ra"]["n_explained"] == min(2, payload["counts"]["ra"]["n_correct"])
+    assert payload["linzen"][-1]["n_attractors"] == "all" and _in_unit(
+        payload["linzen"][-1]["accuracy"]
+    )
+    # one record per explained item × method × mode × specials × metric
+    n = payload["counts"]["ra"]["n_explained"]
+    assert len(payload["records"]) == n * 2 * 2 * 2 * 4
+    assert "PG C" in out["table"] and "Gradient×Input" in out["table"]
+    # the BOS-like prefix is special: excluding it can only move PG among real words
+    assert payload["config"]["prefix"] == "<|endoftext|>"
+
+
+def test_blimp_alignment(tmp_path):
+    from experiments import blimp_alignment
+
+    blimp_alignment.main(
+        [
+            "--n",
+            "2",
+            "--paradigms",
+            "dna",
+            "--methods",
+            "normxlogit,embed_norm,random",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    payload, _ = _outputs(tmp_path, "blimp_alignment")
+    n_layers = payload["n_layers"]
+    layers = {
+        m: sorted({r["layer"] for r in payload["summary"] if r["method"] == m})
+        for m in ("normxlogit", "embed_norm", "random")
+    }
+    assert layers["embed_norm"] == [0]
+    assert layers["normxlogit"] == list(range(1, n_layers + 1))
+    assert layers["random"] == list(range(n_layers + 1))
+    for r in payload["summary"]:
+        if r["metric"] == "average_precision":
+            assert 0.0 < r["mean"] <= 1.0
+        else:
+            assert -1.0 <= r["mean"] <= 1.0
+    # random scores are the same at every layer
+    rnd = {
+        r["mean"]
+        for r in payload["summary"]
+        if r["method"] == "random" and r["metric"] == "dot_product"
+    }
+    assert len(rnd) == 1
+
+
+def test_faithfulness(tmp_path):
+    from experiments import faithfulness
+
+    faithfulness.main(
+        [
+            "--n",
+            "1",
+            "--datasets",
+            "sst2",
+            "--methods",
+            "grad_x_input,random",
+            "--max-tokens",
+            "12",
+            "--pis",
+            "0.3,0.7",
+            "--n-draws",
+            "1",
+            "--fractions",
+            "0.5",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    payload, _ = _outputs(tmp_path, "faithfulness")
+    metrics = {r["metric"] for r in payload["summary"]}
+    assert {
+        "comprehensiveness",
+        "sufficiency",
+        "pi_soft_nc",
+        "pi_soft_ns",
+        "pi_soft_nc_fixed",
+        "soft_nc",
+        "soft_ns",
+        "expected_retained_ns",
+    } <= metrics
+    for r in payload["summary"]:
+        if r["metric"] in ("comprehensiveness", "sufficiency"):
+            assert -1.0 <= r["mean"] <= 1.0
+        elif r["metric"].startswith("pi_soft"):  # AUC over a grid of width 0.4
+            assert r["mean"] is None or 0.0 <= r["mean"] <= 0.4 + 1e-9
+        elif r["metric"].startswith("soft_"):
+            assert _in_unit(r["mean"])
+    assert _in_unit(payload["accuracy"]["sst2"])
+
+
+def test_prompt_labels_are_single_tokens(smollm2):
+    from experiments import faithfulness
+    from lens_attrib.data import load_boolq
+
+    for dataset in ("sst2", "boolq"):
+        a, b = faithfulness.label_ids(smollm2.tokenizer, dataset)
+        assert a != b
+    item = load_boolq(n=1)[0]
+    prompt = faithfulness.make_prompt(smollm2.tokenizer, "boolq", item, 8, chat=True)
+    assert prompt.startswith("<|im_start|>") and prompt.endswith("Answer:")
+    plain = faithfulness.make_prompt(smollm2.tokenizer, "boolq", item, 8, chat=False)
+    assert plain.endswith("Answer (true or false):")
+    passage = plain.split("\nQuestion:")[0]
+    assert len(smollm2.tokenizer(passage, add_special_tokens=False)["input_ids"]) <= 8
+
+
+def test_speed(tmp_path):
+    from experiments import speed
+
+    out = speed.main(
+        [
+            "--methods",
+            "gradient,embed_norm",
+            "--lengths",
+            "8,16",
+            "--mem-length",
+            "8",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    payload, _ = _outputs(tmp_path, "speed")
+    times = [r for r in payload["summary"] if r["kind"] == "time"]
+    assert {(r["method"], r["length"]) for r in times} == {
+        (m, n) for m in ("forward", "gradient", "embed_norm") for n in (8, 16)
+    }
+    for r in times:
+        assert r["seconds"] > 0 and math.isclose(
+            r["ratio"],
+            r["seconds"]
+            / next(
+                t["seconds"]
+                for t in times
+                if t["method"] == "forward" and t["length"] == r["length"]
+            ),
+        )
+    mem = {r["method"]: r for r in payload["summary"] if r["kind"] == "memory"}
+    assert set(mem) == {"forward", "gradient", "embed_norm"}
+    assert all(0 <= r["largest_batch"] <= 4096 for r in mem.values())
+    assert "×fwd @8" in out["table"]
+
+
+def test_largest_batch_linear_fit():
+    from experiments.speed import largest_batch
+
+    gb = 2**30
+    # mem(b) = 1 GB + 0.5 GB·b within 8 GB -> 14
+    assert largest_batch(1.5 * gb, 2.0 * gb, 8 * gb, 4096) == 14
+    assert largest_batch(1.5 * gb, 2.0 * gb, 1 * gb, 4096) == 0
+    assert largest_batch(1.0, 2.0, 8 * gb, 4096) == 4096  # capped
+    # a noisy non-increasing measurement still gives a finite, positive slope
+    assert 0 < largest_batch(2 * gb, 1.9 * gb, 8 * gb, 4096) < 4096
+
+
+def test_format_table_and_json_safe():
+    table = common.format_table([["a", 0.5, float("nan")], ["bb", 1, None]], ["m", "x", "y"])
+    lines = table.splitlines()
+    assert lines[0].split() == ["m", "x", "y"] and set(lines[1]) <= {"-", " "}
+    assert "0.500" in lines[2] and "–" in lines[2]
+    assert common.json_safe({"a": [float("nan"), 1.0]}) == {"a": [None, 1.0]}
+    assert common.pct(0.456) == "46" and common.pct(float("nan")) == "–"

@@ -1,0 +1,80 @@
+"""The notebooks execute top to bottom on the bundled SmolLM2 (kernel: this interpreter).
+
+The .ipynb files are stored without outputs; here each one runs in a fresh ``python3`` kernel
+(registered into the virtual environment when missing) with a per-cell timeout, and every code
+cell must finish without an error output.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+EXPECTED = {"01_tour.ipynb", "02_evaluation.ipynb", "03_head_pruning.ipynb"}
+
+
+def _ensure_kernel() -> str:
+    """A ``python3`` kernel spec that runs this interpreter (installed into sys.prefix)."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec("python3")
+        if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve() or os.path.samefile(
+            spec.argv[0], sys.executable
+        ):
+            return "python3"
+    except (NoSuchKernel, FileNotFoundError, OSError):
+        pass
+    from ipykernel.kernelspec import install
+
+    install(prefix=sys.prefix, kernel_name="python3")
+    return "python3"
+
+
+def test_notebooks_present_and_stripped():
+    assert {p.name for p in NOTEBOOKS} == EXPECTED
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path):
+    nb = nbformat.read(path, as_version=4)
+    env_before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        client = nbclient.NotebookClient(
+            nb,
+            kernel_name=_ensure_kernel(),
+            timeout=300,
+            resources={"metadata": {"path": str(ROOT)}},
+        )
+        client.execute()
+    finally:
+        if env_before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
+    figures = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "application/vnd.plotly.v1+json" in o.get("data", {})
+    ]
+    assert figures, f"{path.name} shows no plotly figure"
