@@ -141,6 +141,25 @@ def package_dir(package: str, install_hint: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def decoder_without_processing(
+    cfg: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any
+) -> Any:
+    """A HookedTransformer holding ``state_dict`` as is (no LN folding, centering, bias folding)."""
+    from transformer_lens import HookedTransformer
+
+    with quiet_deprecation():
+        model = HookedTransformer(cfg, tokenizer=keep_tokenizer_as_is(tokenizer))
+    model.load_and_process_state_dict(
+        state_dict,
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
+    )
+    return model
+
+
 # --------------------------------------------------------------------------- SmolLM2 (GGUF)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -201,7 +220,6 @@ def smollm2_hf_from_gguf(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
 def load_smollm2(cache_dir: str | Path | None = None) -> Any:
     """SmolLM2-135M-Instruct as a HookedTransformer (cached after the first conversion)."""
     from safetensors.torch import load_file, save_file
-    from transformer_lens import HookedTransformer
     from transformer_lens.config import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
     from transformers import AutoTokenizer
@@ -228,19 +246,7 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Any:
             folder.mkdir(parents=True, exist_ok=True)
             for item in Path(tmp).iterdir():
                 os.replace(item, folder / item.name)
-    with quiet_deprecation():
-        model = HookedTransformer(
-            HookedTransformerConfig(**cfg_dict), tokenizer=keep_tokenizer_as_is(tokenizer)
-        )
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
-    return model
+    return decoder_without_processing(HookedTransformerConfig(**cfg_dict), state_dict, tokenizer)
 
 
 # --------------------------------------------------------------------------- MiniLM (encoder)
@@ -328,7 +334,7 @@ def load_minilm() -> Any:
 # --------------------------------------------------------------------------- local dirs, by name
 def load_local_hf(path: Path) -> Any:
     """A local Hugging Face checkpoint folder, converted by TransformerLens without processing."""
-    from transformer_lens import HookedTransformer, loading_from_pretrained
+    from transformer_lens import loading_from_pretrained
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_config = AutoConfig.from_pretrained(path)
@@ -346,16 +352,7 @@ def load_local_hf(path: Path) -> Any:
         state_dict = loading_from_pretrained.get_pretrained_state_dict(
             str(link), cfg, hf_model=hf_model
         )
-    with quiet_deprecation():
-        model = HookedTransformer(cfg, tokenizer=keep_tokenizer_as_is(tokenizer))
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-    )
-    return model
+    return decoder_without_processing(cfg, state_dict, tokenizer)
 
 
 def load_official(name: str) -> Any:

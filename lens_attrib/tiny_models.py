@@ -33,6 +33,18 @@ WORDS = (
 ).split()
 
 
+TINY_SIZES: dict[str, Any] = {
+    "d_model": 32,
+    "d_head": 8,
+    "n_heads": 4,
+    "d_mlp": 64,
+    "n_layers": 3,
+    "n_ctx": 64,
+    "device": "cpu",
+    "dtype": torch.float32,
+}
+
+
 def _unique(words: list[str]) -> list[str]:
     seen: dict[str, None] = {}
     for w in words:
@@ -100,19 +112,12 @@ def _decoder(cfg_overrides: dict[str, Any], seed: int, dtype: torch.dtype) -> An
 
     tokenizer = tiny_tokenizer()
     cfg: dict[str, Any] = {
-        "d_model": 32,
-        "d_head": 8,
-        "n_heads": 4,
-        "d_mlp": 64,
-        "n_layers": 3,
-        "n_ctx": 64,
+        **TINY_SIZES,
         "d_vocab": len(tokenizer),
         "act_fn": "gelu_new",
         "normalization_type": "LN",
         "default_prepend_bos": True,
         "seed": seed,
-        "device": "cpu",
-        "dtype": torch.float32,
     }
     cfg.update(cfg_overrides)
     with quiet_deprecation():
@@ -172,20 +177,13 @@ def tiny_bert(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: An
 
     tokenizer = tiny_tokenizer(encoder=True)
     cfg: dict[str, Any] = {
-        "d_model": 32,
-        "d_head": 8,
-        "n_heads": 4,
-        "d_mlp": 64,
-        "n_layers": 3,
-        "n_ctx": 64,
+        **TINY_SIZES,
         "d_vocab": len(tokenizer),
         "act_fn": "gelu",
         "attention_dir": "bidirectional",
         "normalization_type": "LN",
         "original_architecture": "BertForMaskedLM",
         "seed": seed,
-        "device": "cpu",
-        "dtype": torch.float32,
     }
     cfg.update(overrides)
     with quiet_deprecation():

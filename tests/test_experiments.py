@@ -56,7 +56,7 @@ def test_agreement(tmp_path):
             str(tmp_path),
         ]
     )
-    payload, rows = _outputs(tmp_path, "agreement")
+    payload, _ = _outputs(tmp_path, "agreement")
     assert {r["metric"] for r in payload["summary"]} == set(agreement.METRICS.values())
     assert {(r["mode"], r["specials"]) for r in payload["summary"]} == {
         ("contrastive", "in"),
@@ -158,10 +158,12 @@ def test_faithfulness(tmp_path):
     for r in payload["summary"]:
         if r["metric"] in ("comprehensiveness", "sufficiency"):
             assert -1.0 <= r["mean"] <= 1.0
-        elif r["metric"].startswith("pi_soft"):  # AUC over a grid of width 0.4
-            assert r["mean"] is None or 0.0 <= r["mean"] <= 0.4 + 1e-9
-        elif r["metric"].startswith("soft_"):
-            assert _in_unit(r["mean"])
+        elif r["metric"].startswith(("pi_soft_ns", "soft_ns")):
+            # NS is clipped to [0, 1] per point; the π-AUC spans a grid of width 0.4
+            assert r["mean"] is None or 0.0 <= r["mean"] <= 1.0
+        elif r["metric"].startswith(("pi_soft_nc", "soft_nc")):
+            # NC = H(p, q) / H(p, p0) may exceed 1 (a perturbation further than the baseline)
+            assert r["mean"] is None or r["mean"] >= 0.0
     assert _in_unit(payload["accuracy"]["sst2"])
 
 
