@@ -407,7 +407,7 @@ def integrated_gradients(
             ]
             base_value = _value_at(model, batch, resolved, head, hooks0, 1)
         tokens, pairs = batch.size * batch.length, batch.size * batch.length**2
-        per_step = step_batch or max(1, min(n_steps, 2**14 // tokens, 2**21 // pairs))
+        per_step = step_batch or max(1, min(n_steps, 2**12 // tokens, 2**19 // pairs))
         total = [torch.zeros_like(x) for x in xs]
         for start in range(0, n_steps, per_step):
             a = torch.tensor(alphas_list[start : start + per_step], dtype=xs[0].dtype)
