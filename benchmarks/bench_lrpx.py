@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{r['relative_gap'].get('attnlrp', float('nan')):.2%} | "
             f"{r['relative_gap'].get('integrated_gradients', float('nan')):.2%} |"
         )
-    print("\n".join(lines))  # noqa: T201 — a benchmark script reports on stdout
+    print("\n".join(lines))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
