@@ -31,8 +31,8 @@ from lens_attrib.pruning import (
     RANDOM,
     PruningResult,
     run_pruning,
-    single_token_items,
 )
+from lens_attrib.scoring import single_token_items
 
 BLIMP_PARADIGM = "regular_plural_subject_verb_agreement_1"
 
@@ -42,11 +42,11 @@ def task_items(model: Any, task: str, n: int, seed: int, paradigm: str) -> list[
     if task == "sva":
         from lens_attrib.data import generate_sva
 
-        items = single_token_items(model, generate_sva(4 * n, seed=seed))
+        items, _ = single_token_items(model, generate_sva(4 * n, seed=seed))
     elif task == "blimp":
         from lens_attrib.data import load_blimp
 
-        items = single_token_items(model, load_blimp(paradigm))
+        items, _ = single_token_items(model, load_blimp(paradigm))
         random.Random(seed).shuffle(items)
     else:
         raise ValueError(f"unknown task {task!r}: use 'sva' or 'blimp'")

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,20 +130,6 @@ def _triple(item: Any) -> tuple[str, str, str]:
     if target is None or foil is None:
         raise TargetError(f"Pruning needs a target and a foil for every item; got {item!r}")
     return str(prompt), str(target), str(foil)
-
-
-def single_token_items(model: Any, items: Iterable[Any]) -> list[Any]:
-    """The items whose target and foil are each exactly one token for ``model``'s tokenizer."""
-    kept = []
-    for item in items:
-        _, target, foil = _triple(item)
-        try:
-            single_token_id(model, target, "target")
-            single_token_id(model, foil, "foil")
-        except TargetError:
-            continue
-        kept.append(item)
-    return kept
 
 
 @dataclass
@@ -596,5 +582,4 @@ __all__ = [
     "pruning_order",
     "random_order",
     "run_pruning",
-    "single_token_items",
 ]

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The datasets sit beside the checkout (../shared/data) unless LENS_ATTRIB_DATA says otherwise;
+# notebook kernels started by the tests inherit this environment.
+os.environ.setdefault(
+    "LENS_ATTRIB_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 

@@ -26,6 +26,10 @@ from lens_attrib.data import (
 def test_data_root_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(DATA_ENV_VAR, str(tmp_path))
     assert data_root() == tmp_path
+    assert data_root(tmp_path) == tmp_path
+    monkeypatch.delenv(DATA_ENV_VAR)
+    with pytest.raises(FileNotFoundError, match="no data folder configured"):
+        data_root()
     monkeypatch.setenv(DATA_ENV_VAR, str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match=DATA_ENV_VAR):
         data_root()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,8 +33,8 @@ from lens_attrib.pruning import (
     pruning_order,
     random_order,
     run_pruning,
-    single_token_items,
 )
+from lens_attrib.scoring import single_token_items
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
 
 ITEMS = [
@@ -372,8 +373,11 @@ def test_run_pruning_end_to_end(fake_methods):
 
 def test_single_token_items_filters():
     model = _model("gpt2")
-    items = [("the keys", " are", " is"), ("the keys", " are", " zzz qqq")]
-    assert single_token_items(model, items) == items[:1]
+    items = [
+        SimpleNamespace(prompt="the keys", target=" are", foil=" is"),
+        SimpleNamespace(prompt="the keys", target=" are", foil=" zzz qqq"),
+    ]
+    assert single_token_items(model, items) == (items[:1], 1)
 
 
 # --------------------------------------------------------- real methods, when present
