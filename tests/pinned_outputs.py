@@ -77,6 +77,16 @@ def target_for(model_name: str) -> Target:
 
 
 def compute() -> dict[str, np.ndarray]:
+    """Every case's arrays, computed on one thread (reductions then sum in a fixed order)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _compute()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compute() -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     models = {name: build(seed=1, dtype=torch.float64) for name, build in BUILDERS.items()}
     for model_name, method, options in CASES:
@@ -94,7 +104,6 @@ def compute() -> dict[str, np.ndarray]:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     arrays = compute()
     PATH.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(PATH, **arrays)
