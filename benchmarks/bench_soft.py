@@ -27,8 +27,8 @@ from lens_attrib.hooks.guard import model_guard
 
 from lens_attrib import attribute, load_model
 from lens_attrib.data import generate_sva
-from lens_attrib.evaluation.faithfulness import target_outputs
 from lens_attrib.evaluation.soft import DEFAULT_PIS, soft_metrics
+from lens_attrib.forward import head_outputs
 
 
 def _time(fn, repeats: int) -> float:
@@ -68,7 +68,7 @@ def main() -> None:
                 model(tokens[s : s + args.max_batch], **kw)
 
     def plain_target_row() -> None:
-        target_outputs(model, tokens, mask, positions, max_batch=args.max_batch)
+        head_outputs(model, tokens, mask, positions, max_batch=args.max_batch)
 
     def soft(routing: str) -> None:
         with warnings.catch_warnings():

@@ -51,7 +51,7 @@ from experiments.common import (
     setup,
     write_outputs,
 )
-from lens_attrib import Target, attribute
+from lens_attrib import METHODS, Target, attribute
 from lens_attrib.data import (
     TaskItem,
     evidence_token_positions,
@@ -72,23 +72,6 @@ BLIMP_TASKS = {
     "blimp_rpsv": "regular_plural_subject_verb_agreement_1",
     "blimp_darn": "distractor_agreement_relational_noun",
     "blimp_ana": "anaphor_number_agreement",
-}
-METHOD_LABELS = {
-    "alti_logit": "ALTI-Logit",
-    "attnlrp": "AttnLRP",
-    "lrp": "LRP",
-    "gradient": "Gradient (ℓ2)",
-    "grad_x_input": "Gradient×Input",
-    "rollout": "Rollout",
-    "normxlogit": "NormXLogit",
-    "grad_ellm": "Grad-ELLM",
-    "random": "Random",
-    "attention": "Attention",
-    "integrated_gradients": "Integrated Gradients",
-    "value_zeroing": "Value zeroing",
-    "logat": "LogAt",
-    "embed_norm": "Embedding norm",
-    "alti": "ALTI",
 }
 
 
@@ -314,7 +297,7 @@ def task_table(
         f"{short} {'C' if mode == 'contrastive' else 'NC'}" for mode in modes for short in METRICS
     ]
     rows = [
-        [METHOD_LABELS.get(m, m)]
+        [METHODS[m].label if m in METHODS else m]
         + [pct(index.get((m, mode, METRICS[s]))) for mode in modes for s in METRICS]
         for m in methods
     ]

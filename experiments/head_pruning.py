@@ -23,16 +23,20 @@ from typing import Any
 
 import torch
 
-from lens_attrib import METHODS, load_model
+from lens_attrib import load_model
+from lens_attrib.cli import choice_list
 from lens_attrib.plot import pruning_curve
 from lens_attrib.pruning import (
     POOLINGS,
-    PRUNING_METHODS,
     RANDOM,
     PruningResult,
+    head_relevance_methods,
     run_pruning,
 )
 from lens_attrib.scoring import single_token_items
+
+PAPER_METHODS = ["attnlrp", "lrp", "grad_x_input", "gradient", "alti_logit"]
+"""The methods whose per-head relevances the decomposition paper compares."""
 
 BLIMP_PARADIGM = "regular_plural_subject_verb_agreement_1"
 
@@ -107,7 +111,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--step", type=int, default=30, help="heads pruned per step")
     parser.add_argument("--max-pruned", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=10, help="random orders for the baseline")
-    parser.add_argument("--methods", default=",".join(PRUNING_METHODS))
+    parser.add_argument(
+        "--methods",
+        type=choice_list(head_relevance_methods(), "method(s) with per-head relevances"),
+        default=PAPER_METHODS,
+        help="comma-separated methods with per-head relevances, from: "
+        f"{', '.join(head_relevance_methods())} (default: the decomposition paper's five)",
+    )
     parser.add_argument("--poolings", default=",".join(POOLINGS))
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -117,11 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    methods = [m for m in args.methods.split(",") if m]
-    missing = [m for m in methods if m not in METHODS]
-    if missing:
-        print(f"not registered (skipped): {missing}")
-    methods = [m for m in methods if m in METHODS]
+    methods = list(args.methods)
     poolings = [p for p in args.poolings.split(",") if p]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -27,16 +27,17 @@ Every custom backward below saves at most one tensor of the size of the activati
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+from lens_attrib.hooks import HookFn
 from torch import Tensor
 
-from lens_attrib.models import ModelError, is_encoder
+from lens_attrib.backend import arch_of, hook_name
+from lens_attrib.errors import ModelError
 
-HookFn = Callable[[Tensor, Any], Tensor | None]
 VARIANTS = ("lrp", "attnlrp")
 
 
@@ -143,11 +144,10 @@ def _mlp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
         return linearized(post, (pre, m_pre), (up, 0.5 * act))
 
     for layer in range(cfg.n_layers):
-        prefix = f"blocks.{layer}.mlp"
-        hooks.append((f"{prefix}.hook_pre", keep("pre")))
+        hooks.append((hook_name("pre", layer), keep("pre")))
         if gated:
-            hooks.append((f"{prefix}.hook_pre_linear", keep("up")))
-        hooks.append((f"{prefix}.hook_post", post_hook))
+            hooks.append((hook_name("pre_linear", layer), keep("up")))
+        hooks.append((hook_name("post", layer), post_hook))
     return hooks
 
 
@@ -158,13 +158,12 @@ def lrp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
     names = list(model.hook_dict)
     hooks: list[tuple[str, HookFn]] = [(n, _detach) for n in names if n.endswith("hook_scale")]
     for layer in range(model.cfg.n_layers):
-        attn = f"blocks.{layer}.attn"
         if variant == "lrp":
-            hooks.append((f"{attn}.hook_pattern", _detach))
+            hooks.append((hook_name("pattern", layer), _detach))
         else:
-            hooks.append((f"{attn}.hook_q", _grad_scaler(0.25)))
-            hooks.append((f"{attn}.hook_k", _grad_scaler(0.25)))
-            hooks.append((f"{attn}.hook_v", _grad_scaler(0.5)))
+            hooks.append((hook_name("q", layer), _grad_scaler(0.25)))
+            hooks.append((hook_name("k", layer), _grad_scaler(0.25)))
+            hooks.append((hook_name("v", layer), _grad_scaler(0.5)))
     return hooks + _mlp_hooks(model, variant)
 
 
@@ -177,7 +176,7 @@ def mlm_head_patch(model: Any) -> Iterator[None]:
     ``GELU(h)``. The LayerNorm scale itself is detached by its ``hook_scale``.
     """
     head = getattr(model, "mlm_head", None)
-    if not is_encoder(model) or head is None:
+    if not arch_of(model).encoder or head is None:
         yield
         return
     kept: dict[str, Tensor] = {}

@@ -6,14 +6,14 @@ Use them through ``model.hooks(fwd_hooks=...)`` (or inside ``model_guard``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
+from lens_attrib.hooks import HookFn
 from torch import Tensor
 
-HookFn = Callable[[Tensor, Any], Tensor]
+from lens_attrib.backend import hook_name
 
 
 def head_mask_hooks(
@@ -35,7 +35,7 @@ def head_mask_hooks(
         def hook(z: Tensor, hook: Any, row: Tensor = row) -> Tensor:
             return z * row.to(device=z.device, dtype=z.dtype)[:, None]
 
-        hooks.append((f"blocks.{layer}.attn.hook_z", hook))
+        hooks.append((hook_name("z", layer), hook))
     return hooks
 
 
@@ -69,7 +69,7 @@ def value_zeroing_hooks(
         keep = (~token_mask).to(device=v.device, dtype=v.dtype)
         return v * keep[:, :, None, None]
 
-    return [(f"blocks.{layer}.attn.hook_v", hook) for layer in range(n_layers)]
+    return [(hook_name("v", layer), hook) for layer in range(n_layers)]
 
 
 def item_head_mask_hooks(
@@ -91,5 +91,5 @@ def item_head_mask_hooks(
         def hook(z: Tensor, hook: Any, rows: Tensor = rows) -> Tensor:
             return z * rows.to(device=z.device, dtype=z.dtype)[:, None, :, None]
 
-        hooks.append((f"blocks.{layer}.attn.hook_z", hook))
+        hooks.append((hook_name("z", layer), hook))
     return hooks

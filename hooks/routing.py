@@ -18,14 +18,15 @@ from typing import Any
 
 import torch
 from jaxtyping import Float, Int
+from lens_attrib.hooks import HookFn
 from torch import Tensor
 
-HookFn = Callable[[Tensor, Any], Tensor]
+from lens_attrib.backend import hook_name
 
 
 def pattern_hook_names(n_layers: int) -> list[str]:
     """Names of the attention-pattern hooks of every layer."""
-    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
+    return [hook_name("pattern", layer) for layer in range(n_layers)]
 
 
 def pattern_cache_hooks(

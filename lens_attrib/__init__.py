@@ -7,18 +7,20 @@ attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
 """
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.inputs import Batch, InputError, to_batch
-from lens_attrib.methods import METHOD_INFO, METHODS, attribute
-from lens_attrib.models import ModelError, load_model
-from lens_attrib.target import ResolvedTarget, Target, TargetError
+from lens_attrib.errors import InputError, ModelError, OptionError, TargetError
+from lens_attrib.inputs import Batch, to_batch
+from lens_attrib.methods import METHODS, MethodSpec, attribute
+from lens_attrib.models import load_model
+from lens_attrib.target import ResolvedTarget, Target
 
 __all__ = [
     "METHODS",
-    "METHOD_INFO",
     "Attribution",
     "Batch",
     "InputError",
+    "MethodSpec",
     "ModelError",
+    "OptionError",
     "ResolvedTarget",
     "Target",
     "TargetError",

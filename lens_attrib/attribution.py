@@ -13,6 +13,16 @@ from torch import Tensor
 
 from lens_attrib.target import ResolvedTarget
 
+_META_NOT_PER_ITEM = {
+    "options",
+    "layers",
+    "hooks",
+    "generated_ids",
+    "generated_tokens",
+    "step_aggregate",
+}
+"""Meta entries that describe the whole call, never one value per item."""
+
 
 @dataclass
 class Attribution:
@@ -59,6 +69,16 @@ class Attribution:
         def pick(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[idx.to(t.device)]
 
+        n = len(self)
+
+        def per_item(value: Any) -> Any:
+            """Slice meta entries that hold one value per item (lists, batch-first tensors)."""
+            if isinstance(value, Tensor) and value.ndim >= 1 and value.shape[0] == n:
+                return value[idx.to(value.device)]
+            if isinstance(value, list) and len(value) == n and n > 1:
+                return [value[int(i)] for i in idx]
+            return value
+
         return replace(
             self,
             scores=self.scores[idx],
@@ -70,6 +90,9 @@ class Attribution:
             head_scores=pick(self.head_scores),
             head_token_scores=pick(self.head_token_scores),
             parts={k: v[idx.to(v.device)] for k, v in self.parts.items()},
+            meta={
+                k: (per_item(v) if k not in _META_NOT_PER_ITEM else v) for k, v in self.meta.items()
+            },
         )
 
     def item_scores(self, item: int = 0) -> Float[Tensor, "pos"]:
@@ -83,10 +106,30 @@ class Attribution:
         return [self.item_scores(i).detach().cpu().double().numpy() for i in range(len(self))]
 
     def top(self, k: int = 5, item: int = 0) -> list[tuple[int, str, float]]:
-        """The ``k`` most relevant real tokens of ``item``: (real position, token, score)."""
+        """The ``k`` most relevant real tokens of ``item``: (real position, token, score).
+
+        Tokens after the explained position of a causal model (which cannot influence it) are
+        not candidates.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"top(k) needs a positive number of tokens k, got {k!r}.")
+        if not -len(self) <= item < len(self):
+            raise IndexError(f"item {item} is outside this Attribution of {len(self)} items.")
         scores = self.item_scores(item).detach().cpu().double()
-        order = torch.argsort(scores, descending=True, stable=True)[:k]
+        n_valid = self.n_context(item)
+        order = torch.argsort(scores[:n_valid], descending=True, stable=True)[:k]
         return [(int(i), self.tokens[item][int(i)], float(scores[i])) for i in order]
+
+    def n_context(self, item: int = 0) -> int:
+        """How many real tokens of ``item`` can influence its explained scalar.
+
+        All of them for encoders; for causal models those up to the target position.
+        """
+        real = int(self.mask[item].sum())
+        if not self.meta.get("causal", False):
+            return real
+        first = int(torch.nonzero(self.mask[item]).min())
+        return min(real, int(self.target.positions[item]) - first + 1)
 
     def normalized(self) -> Attribution:
         """Scores divided by the max |score| over real tokens of every item (for display)."""

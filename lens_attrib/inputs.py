@@ -1,31 +1,34 @@
-"""Turn user inputs (strings or token tensors) into a padded, masked :class:`Batch`.
+"""Turn user inputs (strings, token ids, tokenizer outputs) into a padded, masked :class:`Batch`.
 
 Decoders (``HookedTransformer``) are padded on the left so that the last real token of every item
 sits at the same index, and the model receives the real-token mask as ``attention_mask`` (which
 TransformerLens also uses to shift learned and rotary positions, so a padded item computes exactly
 what it computes alone). Encoders (``HookedEncoder``) are padded on the right, as BERT expects.
+
+Accepted inputs: a string, a list of strings, token ids (a ``[pos]`` or ``[batch, pos]`` tensor,
+numpy array or nested list) with an optional ``attention_mask`` of the same shape (1 = real
+token; pads are dropped and never scored, on either side), a Hugging Face ``BatchEncoding`` or a
+dict with ``input_ids`` (and ``attention_mask``), or an existing :class:`Batch`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from lens_attrib.models import is_encoder
-
-
-class InputError(ValueError):
-    """Raised for inputs a method cannot explain (empty, too long, malformed)."""
+from lens_attrib.backend import Arch, arch_of, forward_kwargs
+from lens_attrib.errors import InputError
 
 
 @dataclass
 class Batch:
-    """Token ids of a batch with their real-token mask and string tokens.
+    """Token ids of a batch with their real-token mask, string tokens and architecture facts.
 
     ``tokens[b, t]`` is a pad id where ``mask[b, t]`` is False; ``special[b, t]`` marks BOS, CLS,
     SEP and similar tokens that evaluations may exclude.
@@ -35,9 +38,13 @@ class Batch:
     mask: Bool[Tensor, "batch pos"]
     str_tokens: list[list[str]]
     special: Bool[Tensor, "batch pos"]
-    encoder: bool = False
+    arch: Arch
     padding_side: str = "left"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def encoder(self) -> bool:
+        return self.arch.encoder
 
     @property
     def size(self) -> int:
@@ -72,7 +79,7 @@ class Batch:
             self.mask.to(device),
             self.str_tokens,
             self.special.to(device),
-            self.encoder,
+            self.arch,
             self.padding_side,
             dict(self.extra),
         )
@@ -85,7 +92,7 @@ class Batch:
             self.mask[index],
             [self.str_tokens[int(i)] for i in index],
             self.special[index],
-            self.encoder,
+            self.arch,
             self.padding_side,
             dict(self.extra),
         )
@@ -107,17 +114,16 @@ class Batch:
 
     def model_kwargs(self) -> dict[str, Tensor]:
         """Keyword arguments for the model's forward (``attention_mask`` when padded)."""
-        if self.encoder:
-            return {"one_zero_attention_mask": self.mask.long()}
-        return {"attention_mask": self.mask.long()} if self.padded else {}
+        return forward_kwargs(self.arch, self.mask, self.padded)
 
 
-InputsLike = str | Sequence[str] | Tensor | Sequence[Sequence[int]] | Batch
+InputsLike = str | Sequence[str] | Tensor | Sequence[Sequence[int]] | Batch | Mapping[str, Any]
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id_of(tokenizer: Any) -> int:
+    """The id used for padding: the tokenizer's pad, else EOS, else BOS, else 0."""
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        value = getattr(tokenizer, name, None)
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
         if value is not None:
             return int(value)
     return 0
@@ -154,58 +160,126 @@ def default_prepend_bos(model: Any) -> bool:
     return bool(getattr(model.cfg, "default_prepend_bos", True))
 
 
+def _as_id_tensor(values: Any, what: str) -> Tensor:
+    """Token ids (or a mask) as a 2-d tensor; floats and ragged lists are errors."""
+    if isinstance(values, Tensor):
+        t = values
+    elif isinstance(values, np.ndarray):
+        t = torch.from_numpy(values)
+    else:
+        try:
+            t = torch.as_tensor(values)
+        except (ValueError, TypeError) as err:
+            raise InputError(
+                f"Could not read {what} as a tensor ({err}). Pass equal-length rows with an "
+                "attention_mask, a list of prompt strings, or a list of id lists."
+            ) from err
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        raise InputError(
+            f"{what} must hold integer token ids, got {t.dtype} values (e.g. {t.flatten()[:3]}): "
+            "convert with .long() only if they are whole numbers."
+        )
+    if t.ndim == 1:
+        t = t.unsqueeze(0)
+    if t.ndim != 2:
+        raise InputError(f"{what} must be [pos] or [batch, pos], got shape {tuple(t.shape)}.")
+    return t
+
+
+def _from_mapping(inputs: Mapping[str, Any]) -> tuple[Any, Any]:
+    if "input_ids" not in inputs:
+        raise InputError(
+            f"A dict/BatchEncoding input needs 'input_ids' (got keys {sorted(inputs)}): pass "
+            "tokenizer(texts, return_tensors='pt') or a list of prompt strings."
+        )
+    return inputs["input_ids"], inputs.get("attention_mask")
+
+
+def _sequences_from_ids(ids: Any, attention_mask: Any) -> list[list[int]]:
+    t = _as_id_tensor(ids, "input ids").long()
+    if attention_mask is None:
+        m = torch.ones_like(t, dtype=torch.bool)
+    else:
+        mt = (
+            _as_id_tensor(attention_mask, "attention_mask")
+            if not isinstance(attention_mask, Tensor) or attention_mask.dtype != torch.bool
+            else attention_mask
+        )
+        if mt.ndim == 1:
+            mt = mt.unsqueeze(0)
+        if tuple(mt.shape) != tuple(t.shape):
+            raise InputError(
+                f"attention_mask has shape {tuple(mt.shape)} but the ids have {tuple(t.shape)}: "
+                "pass one mask entry per token."
+            )
+        if not bool(((mt == 0) | (mt == 1)).all()):
+            raise InputError("attention_mask must hold 0/1 (or booleans): 1 marks a real token.")
+        m = mt.to(torch.bool)
+    return [row[mrow].tolist() for row, mrow in zip(t.cpu(), m.cpu())]
+
+
 def to_batch(
     model: Any,
     inputs: InputsLike,
     *,
     prepend_bos: bool | None = None,
+    attention_mask: Any = None,
     mask: Tensor | None = None,
 ) -> Batch:
-    """Tokenize and pad ``inputs`` for ``model``.
+    """Tokenize and pad ``inputs`` for ``model`` (see the module docstring for the forms).
 
-    ``inputs``: a string, a list of strings, a ``[pos]`` or ``[batch, pos]`` tensor of token ids
-    (all real unless ``mask`` says otherwise), a list of id lists, or an existing :class:`Batch`.
     Strings get BOS when ``prepend_bos`` (default: ``model.cfg.default_prepend_bos``) for
-    decoders, and ``[CLS] … [SEP]`` for encoders.
+    decoders, and ``[CLS] … [SEP]`` for encoders. ``mask`` is an alias of ``attention_mask``.
     """
     if isinstance(inputs, Batch):
         return inputs
-    encoder = is_encoder(model)
+    arch = arch_of(model)
+    encoder = arch.encoder
     if prepend_bos is None:
         prepend_bos = default_prepend_bos(model)
+    attention_mask = attention_mask if attention_mask is not None else mask
     device = model.cfg.device
-    n_ctx = int(model.cfg.n_ctx)
+    n_ctx = arch.n_ctx
+
+    if isinstance(inputs, Mapping):
+        inputs, mapped_mask = _from_mapping(inputs)
+        attention_mask = attention_mask if attention_mask is not None else mapped_mask
 
     sequences: list[list[int]]
+    texts: list[str] | None = None
     if isinstance(inputs, str):
         sequences = [_encode(model, inputs, prepend_bos, encoder)]
-        texts: list[str] | None = [inputs]
-    elif isinstance(inputs, Tensor):
-        if inputs.dtype.is_floating_point:
-            raise InputError("Token tensors must hold integer ids, got a floating tensor.")
-        t = inputs if inputs.ndim == 2 else inputs.unsqueeze(0)
-        if t.ndim != 2:
-            raise InputError(
-                f"Token tensors must be [pos] or [batch, pos], got {tuple(inputs.shape)}."
-            )
-        m = (
-            torch.ones_like(t, dtype=torch.bool)
-            if mask is None
-            else mask.to(torch.bool).reshape(t.shape)
-        )
-        sequences = [row[mrow].tolist() for row, mrow in zip(t.cpu(), m.cpu())]
-        texts = None
+        texts = [inputs]
+    elif isinstance(inputs, Tensor | np.ndarray):
+        sequences = _sequences_from_ids(inputs, attention_mask)
     elif (
         isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs)
     ):
         sequences = [_encode(model, x, prepend_bos, encoder) for x in inputs]  # type: ignore[arg-type]
         texts = list(inputs)  # type: ignore[arg-type]
     elif isinstance(inputs, Sequence) and len(inputs) > 0:
-        sequences = [[int(i) for i in seq] for seq in inputs]  # type: ignore[union-attr]
-        texts = None
+        if attention_mask is not None:
+            sequences = _sequences_from_ids(inputs, attention_mask)
+        else:
+            sequences = []
+            for i, seq in enumerate(inputs):
+                odd = isinstance(seq, str) or not isinstance(seq, Sequence | Tensor | np.ndarray)
+                if not odd and isinstance(seq, Sequence):
+                    odd = any(isinstance(x, str) or x is None for x in seq)
+                if odd:
+                    raise InputError(
+                        f"Input {i} is {type(seq).__name__} {seq!r}: pass a list of prompt "
+                        "strings or a list of token-id lists, not a mix."
+                    )
+                row = _as_id_tensor(list(seq) if not isinstance(seq, Tensor) else seq, "ids")
+                sequences.append(row[0].tolist())
     else:
-        raise InputError("No inputs: pass a prompt string, a list of prompts or token ids.")
+        raise InputError(
+            f"No inputs (got {type(inputs).__name__}): pass a prompt string, a list of prompts, "
+            "token ids, or a tokenizer output (BatchEncoding / dict with input_ids)."
+        )
 
+    vocab = int(model.cfg.d_vocab)
     for i, seq in enumerate(sequences):
         n_content = len(seq) - (1 if prepend_bos and not encoder and texts is not None else 0)
         if encoder and texts is not None:
@@ -221,9 +295,15 @@ def to_batch(
                 f"Input {i} has {len(seq)} tokens but the model's context is n_ctx={n_ctx}. "
                 "Shorten or truncate the prompt (e.g. keep its last n_ctx tokens)."
             )
+        bad = [t for t in seq if not 0 <= int(t) < vocab]
+        if bad:
+            raise InputError(
+                f"Input {i} holds token ids {bad[:5]} outside the vocabulary [0, {vocab}): "
+                "pass ids from this model's tokenizer."
+            )
 
     length = max(len(s) for s in sequences)
-    pad = _pad_id(model.tokenizer) if model.tokenizer is not None else 0
+    pad = pad_id_of(model.tokenizer)
     special_ids = _special_ids(model.tokenizer) if model.tokenizer is not None else set()
     tokens = torch.full((len(sequences), length), pad, dtype=torch.long)
     real = torch.zeros((len(sequences), length), dtype=torch.bool)
@@ -244,6 +324,6 @@ def to_batch(
         real.to(device),
         str_tokens,
         special.to(device),
-        encoder=encoder,
+        arch,
         padding_side=padding_side,
     )

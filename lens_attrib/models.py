@@ -33,43 +33,18 @@ from typing import Any
 
 import torch
 
+from lens_attrib.backend import arch_of
+from lens_attrib.errors import ModelError
+
 SMOLLM2_NAMES = {"smollm2-135m", "smollm2", "smollm2-135m-instruct"}
 MINILM_NAMES = {"minilm-l6", "all-minilm-l6-v2", "minilm"}
 _CACHE_FORMAT = "1"
 
 
-class ModelError(ValueError):
-    """Raised when a model cannot be loaded or a method does not apply to it."""
-
-
 # --------------------------------------------------------------------------- architecture facts
-def is_encoder(model: Any) -> bool:
-    """True for ``HookedEncoder`` (bidirectional BERT-style) models."""
-    from transformer_lens import HookedEncoder
-
-    return isinstance(model, HookedEncoder)
-
-
-def has_lm_head(model: Any) -> bool:
-    """Whether token logits exist (False for encoders loaded without their MLM head)."""
-    return not getattr(model, "lens_attrib_no_lm_head", False)
-
-
 def architecture(model: Any) -> dict[str, Any]:
     """Facts methods branch on: norm type, positions, grouped-query attention, parallel blocks."""
-    cfg = model.cfg
-    return {
-        "encoder": is_encoder(model),
-        "normalization": cfg.normalization_type,
-        "positional": cfg.positional_embedding_type,
-        "rotary": cfg.positional_embedding_type == "rotary",
-        "gqa": cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads,
-        "n_kv_heads": cfg.n_key_value_heads or cfg.n_heads,
-        "parallel": bool(getattr(cfg, "parallel_attn_mlp", False)),
-        "gated_mlp": bool(getattr(cfg, "gated_mlp", False)),
-        "n_layers": cfg.n_layers,
-        "n_heads": cfg.n_heads,
-    }
+    return arch_of(model).as_dict()
 
 
 def keep_tokenizer_as_is(tokenizer: Any) -> Any:

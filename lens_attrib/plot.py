@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-from lens_attrib.attribution import Attribution
+if TYPE_CHECKING:  # plot reads Attributions but imports nothing of the library at run time
+    from lens_attrib.attribution import Attribution
 
 
 def _symmetric_range(values: Any) -> float:
@@ -293,8 +294,6 @@ def pruning_curve(curves: Any, metric: str = "accuracy", title: str | None = Non
     """
     import numpy as np
 
-    from lens_attrib.pruning import POOLINGS
-
     curve_list = list(getattr(curves, "curves", curves))
     if not curve_list:
         raise ValueError("No pruning curves to plot.")
@@ -308,8 +307,7 @@ def pruning_curve(curves: Any, metric: str = "accuracy", title: str | None = Non
             raise ValueError(f"Curves labelled {label!r} are recorded at different points.")
         values = np.array([getattr(c, metric) for c in group], dtype=np.float64)
         mean = values.mean(0)
-        method, _, pooling = label.partition("/")
-        name = f"{method} ({POOLINGS.get(pooling, pooling)})" if pooling else label
+        name = getattr(group[0], "display_label", label)
         if len(group) > 1:
             std = values.std(0)
             name = f"{name} (mean ± std, n={len(group)})"

@@ -35,7 +35,6 @@ batches are shared between the relevance pass and the evaluation pass.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -49,12 +48,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
+from lens_attrib.errors import TargetError
+from lens_attrib.forward import resid_of, target_rows
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.hooks.masking import item_head_mask_hooks
 from lens_attrib.inputs import Batch, to_batch
-from lens_attrib.methods.common import final_residual
-from lens_attrib.methods.registry import METHODS, attribute
-from lens_attrib.target import Target, TargetError, default_head, single_token_id
+from lens_attrib.methods import METHODS, attribute
+from lens_attrib.target import ResolvedTarget, Target, default_head
 
 POOLINGS: dict[str, str] = {
     "relu_dim": "ReLU dim",
@@ -63,8 +63,9 @@ POOLINGS: dict[str, str] = {
 }
 """Pooling name -> the decomposition paper's label."""
 
-PRUNING_METHODS = ("attnlrp", "lrp", "grad_x_input", "gradient", "alti_logit")
-"""Methods whose per-head relevances the pruning experiment compares."""
+def head_relevance_methods() -> list[str]:
+    """Every registered method that gives per-head relevances (``MethodSpec.head_relevances``)."""
+    return sorted(name for name, spec in METHODS.items() if spec.head_relevances)
 
 RANDOM = "random"
 
@@ -117,7 +118,7 @@ def head_relevance_tensor(
     raise ValueError(
         f"Method {attribution.method!r} returned no per-head relevance (neither "
         "parts['head_dim_relevance'] nor head_token_scores): run it with heads=True, or use "
-        f"one of {list(PRUNING_METHODS)}."
+        f"one of {head_relevance_methods()}."
     )
 
 
@@ -141,9 +142,16 @@ class TaskSet:
     """
 
     batches: list[Batch]
-    token_ids: list[Int[Tensor, "batch"]]
-    foil_ids: list[Int[Tensor, "batch"]]
+    resolved: list[ResolvedTarget]
     items: list[int] = field(default_factory=list)
+
+    @property
+    def token_ids(self) -> list[Int[Tensor, "batch"]]:
+        return [r.token_ids for r in self.resolved]
+
+    @property
+    def foil_ids(self) -> list[Int[Tensor, "batch"]]:
+        return [r.foil_ids for r in self.resolved if r.foil_ids is not None]
 
     @classmethod
     def build(cls, model: Any, items: Sequence[Any], batch_size: int = 32) -> TaskSet:
@@ -160,35 +168,26 @@ class TaskSet:
         triples = [_triple(item) for item in items]
         lengths = [int(to_batch(model, prompt).length) for prompt, _, _ in triples]
         order = sorted(range(len(triples)), key=lambda i: lengths[i])
-        batches, tokens, foils = [], [], []
+        batches, resolved = [], []
+        n_out = int(model.cfg.d_vocab_out)
         for start in range(0, len(order), batch_size):
             chunk = [triples[i] for i in order[start : start + batch_size]]
             batch = to_batch(model, [p for p, _, _ in chunk])
-            device = batch.tokens.device
-            ids = [single_token_id(model, t, "target") for _, t, _ in chunk]
-            foil_ids = [single_token_id(model, f, "foil") for _, _, f in chunk]
-            tokens.append(torch.tensor(ids, device=device))
-            foils.append(torch.tensor(foil_ids, device=device))
+            target = Target(token=[t for _, t, _ in chunk], foil=[f for _, _, f in chunk])
+            no_logits = torch.zeros(batch.size, n_out, device=batch.tokens.device)
+            resolved.append(target.resolve(model, batch, no_logits).to(batch.tokens.device))
             batches.append(batch)
-        return cls(batches, tokens, foils, order)
+        return cls(batches, resolved, order)
 
     def __len__(self) -> int:
         return sum(b.size for b in self.batches)
 
     def targets(self) -> list[Target]:
         """The contrastive Target (target − foil logit) of every batch."""
-        return [Target(token=t, foil=f) for t, f in zip(self.token_ids, self.foil_ids)]
+        return [Target(token=r.token_ids, foil=r.foil_ids) for r in self.resolved]
 
 
 # ------------------------------------------------------------------------------- relevance
-def _accepts(fn: Any, option: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return option in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def head_relevance(
     model: Any,
     data: TaskSet | Sequence[Any],
@@ -214,7 +213,7 @@ def head_relevance(
             raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
     task = data if isinstance(data, TaskSet) else TaskSet.build(model, data, batch_size)
     opts = dict(options)
-    if _accepts(METHODS[method], "heads"):
+    if METHODS[method].head_relevances and "heads" in METHODS[method].options:
         opts.setdefault("heads", True)
     sums = {p: torch.zeros((), dtype=torch.float64) for p in poolings}
     count = 0
@@ -303,16 +302,15 @@ def logit_differences_many(
             chunk = keeps[start : start + per_pass]
             m = int(chunk.shape[0])
             offset = 0
-            for batch, tok, foil in zip(task.batches, task.token_ids, task.foil_ids):
+            for batch, resolved in zip(task.batches, task.resolved):
                 b = batch.size
-                tiled = batch.select(torch.arange(b, device=batch.tokens.device).repeat(m))
+                tiled_index = torch.arange(b, device=batch.tokens.device).repeat(m)
+                tiled = batch.select(tiled_index)
                 hooks = item_head_mask_hooks(chunk.repeat_interleave(b, dim=0))
                 with model.hooks(fwd_hooks=hooks):
-                    resid = final_residual(model, tiled)
-                rows = resid[torch.arange(m * b, device=resid.device), tiled.last_real]
-                logits = head(rows)
-                idx = torch.arange(m * b, device=logits.device)
-                diff = logits[idx, tok.repeat(m)] - logits[idx, foil.repeat(m)]
+                    resid = resid_of(model, tiled)
+                tiled_target = resolved.index(tiled_index.to(resolved.positions.device))
+                diff = tiled_target.select(head(target_rows(resid, tiled_target.positions)))
                 out[start : start + m, columns[offset : offset + b]] = (
                     diff.double().cpu().reshape(m, b)
                 )
@@ -399,6 +397,13 @@ class PruningCurve:
     method: str | None = None
     pooling: str | None = None
     seed: int | None = None
+
+    @property
+    def display_label(self) -> str:
+        """``method (pooling label)`` for relevance orders (e.g. ``attnlrp (ReLU dim)``)."""
+        if self.method is None or self.pooling is None:
+            return self.label
+        return f"{self.method} ({POOLINGS.get(self.pooling, self.pooling)})"
 
     @property
     def fraction(self) -> np.ndarray:
@@ -488,7 +493,7 @@ class PruningResult:
 def run_pruning(
     model: Any,
     items: Sequence[Any],
-    methods: Sequence[str] = PRUNING_METHODS,
+    methods: Sequence[str] | None = None,
     poolings: Sequence[str] = tuple(POOLINGS),
     *,
     relevance_items: Sequence[Any] | None = None,
@@ -504,6 +509,8 @@ def run_pruning(
 ) -> PruningResult:
     """Head-pruning curves for every method × pooling, plus ``n_random`` random orders.
 
+    ``methods``: default every registered method with per-head relevances.
+
     Relevances come from ``relevance_items`` (default: the evaluation ``items`` themselves,
     sharing their tokenized batches); curves are evaluated on ``items``. Random orders use seeds
     ``seed, seed+1, …``. The model is left unchanged (masks are hooks, removed afterwards).
@@ -517,7 +524,7 @@ def run_pruning(
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     n_total = n_layers * n_heads
     relevance: dict[str, Tensor] = {}
-    for method in methods:
+    for method in head_relevance_methods() if methods is None else methods:
         opts = dict((method_options or {}).get(method, {}))
         pooled = head_relevance(
             model, rel_task, method, poolings, contrastive=contrastive, progress=progress, **opts
@@ -563,7 +570,6 @@ def run_pruning(
 
 __all__ = [
     "POOLINGS",
-    "PRUNING_METHODS",
     "RANDOM",
     "EvalPoint",
     "Evaluator",
@@ -574,6 +580,7 @@ __all__ = [
     "curve_for_order",
     "evaluate",
     "head_relevance",
+    "head_relevance_methods",
     "head_relevance_tensor",
     "logit_differences",
     "logit_differences_many",

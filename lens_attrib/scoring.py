@@ -15,9 +15,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_attrib.hooks.guard import model_guard
+from lens_attrib.forward import no_grad_context, resid_of
 from lens_attrib.inputs import to_batch
-from lens_attrib.methods.common import final_residual, target_value
 from lens_attrib.target import Target
 
 
@@ -42,12 +41,12 @@ def contrastive_scores(
     """``logit(target) − logit(foil)`` of every item (objects with prompt/target/foil)."""
     diffs: list[Tensor] = []
     chunks = range(0, len(items), batch_size)
-    with model_guard(model), torch.no_grad(), model.hooks(fwd_hooks=list(fwd_hooks)):
+    with no_grad_context(model), model.hooks(fwd_hooks=list(fwd_hooks)):
         for start in tqdm(chunks, disable=not progress, desc="scoring"):
             chunk = items[start : start + batch_size]
             batch = to_batch(model, [it.prompt for it in chunk])
             target = Target(token=[it.target for it in chunk], foil=[it.foil for it in chunk])
-            value, _, _ = target_value(model, batch, target, final_residual(model, batch))
+            value, _, _ = target.evaluate(model, batch, resid_of(model, batch))
             diffs.append(value.float().cpu())
     diff = torch.cat(diffs) if diffs else torch.zeros(0)
     return TaskScore(diff > 0, diff)
@@ -70,7 +69,7 @@ def sentence_logprobs(
     """Σ_t log p(w_t | w_<t) over each sentence's tokens (the first token is conditioned on BOS
     when the model prepends one, and is not scored otherwise)."""
     totals: list[Tensor] = []
-    with model_guard(model), torch.no_grad():
+    with no_grad_context(model):
         for start in range(0, len(sentences), batch_size):
             batch = to_batch(model, list(sentences[start : start + batch_size]))
             logits = model(batch.tokens, **batch.model_kwargs()).double()

@@ -14,23 +14,21 @@ head). With ``regression=True`` the head has one output and ``f_b = head(x_b[p_b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_attrib.backend import Head, arch_of, lm_head
+from lens_attrib.errors import TargetError
 from lens_attrib.inputs import Batch
-from lens_attrib.models import has_lm_head, is_encoder
 
 TokenSpec = str | int | Sequence[str | int] | Tensor | None
-Head = Callable[[Tensor], Tensor]
-
-
-class TargetError(ValueError):
-    """Raised for a target that cannot be explained as given."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +45,10 @@ class Target:
     regression: the head has a single output that is explained directly (``token`` is ignored).
     generate:  number of greedy generation steps to explain (one target per generated token);
                supported by the methods that say so.
+    labels:    names of a class head's outputs (for display: ``labels[y]``); class heads are
+               otherwise shown as ``class y``.
+
+    A single token, foil or position is used for every item of the batch.
     """
 
     token: TokenSpec = None
@@ -55,6 +57,21 @@ class Target:
     head: Head | None = None
     regression: bool = False
     generate: int = 0
+    labels: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        for what in ("token", "foil"):
+            object.__setattr__(self, what, _normalize_spec(getattr(self, what), what))
+        object.__setattr__(self, "position", _normalize_position(self.position))
+        if self.head is not None and not callable(self.head):
+            raise TargetError(
+                f"head must be a callable [n, d_model] -> [n, n_out] (e.g. a torch.nn.Module), "
+                f"got {type(self.head).__name__}."
+            )
+        generate = self.generate
+        if isinstance(generate, bool) or not isinstance(generate, int | np.integer) or generate < 0:
+            raise TargetError(f"generate must be a number of steps >= 0, got {generate!r}.")
+        object.__setattr__(self, "generate", int(generate))
 
     def with_(self, **changes: Any) -> Target:
         return replace(self, **changes)
@@ -69,6 +86,8 @@ class Target:
             return batch.last_real
         spec = self.position
         per_item = [spec] * batch.size if isinstance(spec, int) else list(spec)
+        if len(per_item) == 1 and batch.size > 1:  # one position for every item, like tokens
+            per_item = per_item * batch.size
         if len(per_item) != batch.size:
             raise TargetError(
                 f"{len(per_item)} target positions for a batch of {batch.size} items."
@@ -95,6 +114,15 @@ class Target:
                 raise TargetError(f"regression=True needs a head with one output, got {n_out}.")
             zeros = torch.zeros(batch.size, dtype=torch.long, device=head_out.device)
             return ResolvedTarget(self.positions(batch), zeros, None, True)
+        if self.head is not None:
+            for what, spec in (("token", self.token), ("foil", self.foil)):
+                if isinstance(spec, str) or (
+                    isinstance(spec, Sequence) and any(isinstance(x, str) for x in spec)
+                ):
+                    raise TargetError(
+                        f"With a class head (Target(head=...)) the {what} is a class index "
+                        f"(0..{n_out - 1}), got {spec!r}; name the classes with labels=[...]."
+                    )
         if self.token is None:
             token_ids = head_out.detach().argmax(-1)
         else:
@@ -104,7 +132,36 @@ class Target:
         foil_ids = None
         if self.foil is not None:
             foil_ids = token_ids_of(model, self.foil, batch.size, n_out, "foil").to(head_out.device)
+            if self.token is not None and bool((foil_ids == token_ids).any()):
+                same = torch.nonzero(foil_ids == token_ids).flatten().tolist()
+                warnings.warn(
+                    f"Target: the foil equals the token for items {same}, so the explained "
+                    "difference is 0 and every relevance is 0 there.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return ResolvedTarget(self.positions(batch), token_ids, foil_ids, False)
+
+    def evaluate(
+        self, model: Any, batch: Batch, resid: Float[Tensor, "batch pos d_model"]
+    ) -> tuple[Float[Tensor, "batch"], ResolvedTarget, Float[Tensor, "batch n_out"]]:
+        """The explained scalar of every item from the final residual ``resid``.
+
+        Applies the head at every item's target row only, fixes token and foil ids (the
+        prediction when no token is given) and selects ``f_b`` (module docstring). Returns
+        ``(f, resolved, head_out)``; every method and evaluation goes through here.
+        """
+        positions = self.positions(batch).to(resid.device)
+        rows = resid[torch.arange(batch.size, device=resid.device), positions]
+        head_out = self.head_fn(model)(rows)
+        if not isinstance(head_out, Tensor) or head_out.ndim != 2 or head_out.shape[0] != len(rows):
+            shape = tuple(head_out.shape) if isinstance(head_out, Tensor) else type(head_out)
+            raise TargetError(
+                f"The head must map residual rows [n, d_model] to [n, n_out]; for n={len(rows)} "
+                f"rows it returned {shape}. A regression head returns [n, 1] (keep the last axis)."
+            )
+        resolved = self.resolve(model, batch, head_out)
+        return resolved.select(head_out), resolved, head_out
 
 
 @dataclass(frozen=True)
@@ -122,6 +179,18 @@ class ResolvedTarget:
         value = head_out[idx, self.token_ids]
         if self.foil_ids is not None:
             value = value - head_out[idx, self.foil_ids]
+        return value
+
+    def select_grid(
+        self, head_out: Float[Tensor, "batch *grid n_out"]
+    ) -> Float[Tensor, "batch *grid"]:
+        """``select`` at every grid cell of ``[batch, *grid, n_out]`` (e.g. layer × position)."""
+        shape = (head_out.shape[0],) + (1,) * (head_out.ndim - 1)
+        idx = self.token_ids.to(head_out.device).reshape(shape).expand(*head_out.shape[:-1], 1)
+        value = head_out.gather(-1, idx)[..., 0]
+        if self.foil_ids is not None:
+            fidx = self.foil_ids.to(head_out.device).reshape(shape).expand_as(idx)
+            value = value - head_out.gather(-1, fidx)[..., 0]
         return value
 
     def direction(self, weight: Float[Tensor, "d n_out"]) -> Float[Tensor, "batch d"]:
@@ -150,24 +219,56 @@ class ResolvedTarget:
 
 def default_head(model: Any) -> Head:
     """``ln_final`` + ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
-    if is_encoder(model):
-        if not has_lm_head(model):
-            raise TargetError(
-                "This encoder has no masked-LM head (e.g. all-MiniLM-L6-v2 ships only the "
-                "encoder), so token logits do not exist. Pass Target(head=...) with a class head "
-                "(a callable on [n, d_model] residual rows), or use a method that needs no head "
-                "(alti, attention, rollout, embed_norm)."
-            )
+    return lm_head(model, arch_of(model))
 
-        def encoder_head(x: Tensor) -> Tensor:
-            return model.unembed(model.mlm_head(x[:, None, :]))[:, 0, :]
 
-        return encoder_head
+def _normalize_spec(spec: Any, what: str) -> TokenSpec:
+    """Check a token/foil spec's type (numpy integers become ints); errors say what to pass."""
+    if spec is None or isinstance(spec, str | Tensor):
+        return spec  # type: ignore[no-any-return]
+    if isinstance(spec, bool):
+        raise TargetError(f"{what} must be a string, an id or a list of them, got {spec!r}.")
+    if isinstance(spec, int | np.integer):
+        return int(spec)
+    if isinstance(spec, np.ndarray):
+        return torch.as_tensor(spec)
+    if isinstance(spec, Sequence):
+        items: list[str | int] = []
+        for x in spec:
+            if isinstance(x, str):
+                items.append(x)
+            elif isinstance(x, int | np.integer) and not isinstance(x, bool):
+                items.append(int(x))
+            else:
+                raise TargetError(
+                    f"{what} list entries must be strings or ids, got {type(x).__name__} {x!r} "
+                    f"in {list(spec)!r}."
+                )
+        return items
+    raise TargetError(
+        f"{what} must be a string, an id, a list of them or a tensor, got "
+        f"{type(spec).__name__} {spec!r}."
+    )
 
-    def decoder_head(x: Tensor) -> Tensor:
-        return model.unembed(model.ln_final(x[:, None, :]))[:, 0, :]
 
-    return decoder_head
+def _normalize_position(position: Any) -> int | list[int] | None:
+    if position is None:
+        return None
+    if isinstance(position, int | np.integer) and not isinstance(position, bool):
+        return int(position)
+    if isinstance(position, Tensor):
+        position = position.reshape(-1).tolist()
+    if (
+        isinstance(position, Sequence)
+        and not isinstance(position, str)
+        and all(isinstance(p, int | np.integer) and not isinstance(p, bool) for p in position)
+    ):
+        return [int(p) for p in position]
+    hint = " (None already means the last real token)" if position == "last" else ""
+    raise TargetError(
+        f"position must be an int index among the real tokens (negative from the end), one per "
+        f"item, or None, got {position!r}{hint}."
+    )
 
 
 def token_ids_of(model: Any, spec: TokenSpec, batch_size: int, n_out: int, what: str) -> Tensor:
@@ -201,7 +302,7 @@ def single_token_id(model: Any, spec: str | int, what: str = "token") -> int:
     if len(ids) != 1:
         pieces = [tokenizer.decode([i]) for i in ids]
         hint = ""
-        if not spec.startswith(" ") and not is_encoder(model):
+        if not spec.startswith(" ") and not arch_of(model).encoder:
             with_space = tokenizer(" " + spec, add_special_tokens=False)["input_ids"]
             if len(with_space) == 1:
                 hint = f" Did you mean {' ' + spec!r} (with its leading space), one token?"

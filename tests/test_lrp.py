@@ -134,7 +134,7 @@ def test_lrp_head_scores_sum_to_attention_output_relevance() -> None:
     from lens_attrib.hooks.guard import model_guard
     from lens_attrib.hooks.lrp import lrp_hooks
 
-    from lens_attrib.methods.gradient import gradients_at
+    from lens_attrib.methods.backprop import gradients_at
 
     a = attribute(model, PROMPTS, method="lrp", heads=True)
     batch = to_batch(model, PROMPTS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from pinned_outputs import PATH, compute
 
 
@@ -23,7 +22,9 @@ def test_every_method_reproduces_its_pinned_outputs(pinned):
     assert sorted(current) == sorted(pinned)
     different = [k for k in pinned if not np.array_equal(current[k], pinned[k])]
     worst = {
-        k: float(np.abs(current[k] - pinned[k]).max()) if current[k].shape == pinned[k].shape else -1
+        k: float(np.abs(current[k] - pinned[k]).max())
+        if current[k].shape == pinned[k].shape
+        else -1
         for k in different
     }
     assert not different, f"outputs changed: {worst}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,11 +12,10 @@ import torch
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.hooks.masking import head_mask_hooks, item_head_mask_hooks
 
-from lens_attrib.methods.common import grad_context, make_attribution, prepare, target_value
-from lens_attrib.methods.registry import METHOD_INFO, METHODS
+from lens_attrib.forward import grad_context
+from lens_attrib.methods.registry import METHODS, MethodOutput, Option, prepare, register
 from lens_attrib.pruning import (
     POOLINGS,
-    PRUNING_METHODS,
     RANDOM,
     Evaluator,
     PruningCurve,
@@ -27,6 +25,7 @@ from lens_attrib.pruning import (
     curve_for_order,
     evaluate,
     head_relevance,
+    head_relevance_methods,
     logit_differences,
     logit_differences_many,
     pool_head_relevance,
@@ -237,42 +236,30 @@ def fake_methods(monkeypatch):
 
     def register_temporarily(name):
         def wrap(fn):
-            monkeypatch.setitem(METHODS, name, fn)
-            monkeypatch.setitem(METHOD_INFO, name, dict(METHOD_INFO["grad_x_input"]))
-            return fn
+            monkeypatch.setitem(METHODS, name, None)  # restored (removed) after the test
+            return register(
+                name,
+                label=name,
+                head_relevances=True,
+                options={"heads": Option(False)},
+            )(fn)
 
         return wrap
 
     @register_temporarily("_fake_dims")
-    def fake_dims(model, inputs, target=None, *, heads=False):
+    def fake_dims(model, batch, target, *, heads):
         assert heads, "head_relevance must ask for heads=True"
-        batch, target = prepare(model, inputs, target)
         resolved = target.resolve(model, batch, torch.zeros(batch.size, model.cfg.d_vocab))
         rel = _fake_head_relevance(model, batch)
-        return make_attribution(
-            model,
-            batch,
-            resolved,
-            "_fake_dims",
-            torch.zeros(batch.tokens.shape),
-            started=time.perf_counter(),
-            parts={"head_dim_relevance": rel},
+        return MethodOutput(
+            torch.zeros(batch.tokens.shape), resolved, parts={"head_dim_relevance": rel}
         )
 
     @register_temporarily("_fake_tokens")
-    def fake_tokens(model, inputs, target=None):
-        batch, target = prepare(model, inputs, target)
+    def fake_tokens(model, batch, target, *, heads):
         resolved = target.resolve(model, batch, torch.zeros(batch.size, model.cfg.d_vocab))
         rel = _fake_head_relevance(model, batch)[..., 0]
-        return make_attribution(
-            model,
-            batch,
-            resolved,
-            "_fake_tokens",
-            torch.zeros(batch.tokens.shape),
-            started=time.perf_counter(),
-            head_token_scores=rel,
-        )
+        return MethodOutput(torch.zeros(batch.tokens.shape), resolved, head_token_scores=rel)
 
     return ["_fake_dims", "_fake_tokens"]
 
@@ -381,7 +368,7 @@ def test_single_token_items_filters():
 
 
 # --------------------------------------------------------- real methods, when present
-REAL = [m for m in PRUNING_METHODS if m in METHODS]
+REAL = head_relevance_methods()
 
 
 @pytest.mark.parametrize("method", REAL)
@@ -419,7 +406,7 @@ def test_grad_x_input_no_relu_is_the_derivative_of_a_head_mask():
                 resid = model(
                     batch.tokens, stop_at_layer=model.cfg.n_layers, **batch.model_kwargs()
                 )
-            value, *_ = target_value(model, batch, target, resid)
+            value, *_ = target.evaluate(model, batch, resid)
             total = total + value.sum()
         (grad,) = torch.autograd.grad(total, keep)
     torch.testing.assert_close(rel, grad / len(items), rtol=1e-8, atol=1e-10)

@@ -15,7 +15,7 @@ from lens_attrib import (
     attribute,
     to_batch,
 )
-from lens_attrib.methods.common import final_residual, target_value
+from lens_attrib.forward import resid_of
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
 
 DECODERS = [tiny_gpt2, tiny_llama, tiny_pythia]
@@ -59,10 +59,10 @@ def test_left_padded_batch_equals_single_items(builder):
     batch = to_batch(model, prompts)
     assert batch.padding_side == "left" and batch.padded
     with torch.no_grad():
-        batched, _, _ = target_value(model, batch, Target(), final_residual(model, batch))
+        batched, _, _ = Target().evaluate(model, batch, resid_of(model, batch))
         for i, prompt in enumerate(prompts):
             single = to_batch(model, prompt)
-            value, _, _ = target_value(model, single, Target(), final_residual(model, single))
+            value, _, _ = Target().evaluate(model, single, resid_of(model, single))
             assert torch.allclose(batched[i], value[0], rtol=1e-10, atol=1e-10)
 
 
@@ -74,10 +74,10 @@ def test_encoder_batches_pad_right_and_match_single_items():
     assert batch.str_tokens[1][0] == "[CLS]" and batch.str_tokens[1][-1] == "[SEP]"
     target = Target(token="is", position=-2)
     with torch.no_grad():
-        batched, _, _ = target_value(model, batch, target, final_residual(model, batch))
+        batched, _, _ = target.evaluate(model, batch, resid_of(model, batch))
         for i, prompt in enumerate(prompts):
             single = to_batch(model, prompt)
-            value, _, _ = target_value(model, single, target, final_residual(model, single))
+            value, _, _ = target.evaluate(model, single, resid_of(model, single))
             assert torch.allclose(batched[i], value[0], rtol=1e-10, atol=1e-10)
 
 
@@ -87,7 +87,7 @@ def test_target_defaults_to_prediction_at_last_real_token():
     assert batch.last_real.tolist() == [5, 5]
     with torch.no_grad():
         logits = model(batch.tokens, **batch.model_kwargs())
-        value, resolved, _ = target_value(model, batch, Target(), final_residual(model, batch))
+        value, resolved, _ = Target().evaluate(model, batch, resid_of(model, batch))
     assert torch.equal(resolved.token_ids, logits[:, -1].argmax(-1))
     assert torch.allclose(value, logits[:, -1].max(-1).values, atol=1e-5)
 
@@ -98,9 +98,7 @@ def test_contrastive_target_is_a_logit_difference():
     tok = model.tokenizer.convert_tokens_to_ids
     with torch.no_grad():
         logits = model(batch.tokens)[0, -1]
-        value, _, _ = target_value(
-            model, batch, Target("are", foil="is"), final_residual(model, batch)
-        )
+        value, _, _ = Target("are", foil="is").evaluate(model, batch, resid_of(model, batch))
     assert torch.allclose(value[0], logits[tok("are")] - logits[tok("is")], atol=1e-5)
 
 

@@ -21,7 +21,8 @@ from lens_attrib.evaluation.plausibility import (
     relevance_mass_accuracy,
     token_accuracy,
 )
-from lens_attrib.evaluation.runner import EvalResult, evaluate, merge_records
+from lens_attrib.evaluation.records import EvalResult, merge_records, summarize
+from lens_attrib.evaluation.runner import evaluate
 from lens_attrib.evaluation.soft import SoftResult, soft_metrics, solve_alpha
 
 __all__ = [
@@ -43,5 +44,6 @@ __all__ = [
     "relevance_mass_accuracy",
     "soft_metrics",
     "solve_alpha",
+    "summarize",
     "token_accuracy",
 ]

@@ -39,7 +39,7 @@ prediction differs from the full-input prediction; insertion — the prediction 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,55 +49,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.hooks.guard import model_guard
-from lens_attrib.inputs import Batch
-from lens_attrib.methods.common import final_residual
-from lens_attrib.models import is_encoder
-from lens_attrib.target import Head, default_head
-
-HookList = list[tuple[str, Callable[[Tensor, Any], Tensor]]]
-ChunkHooks = Callable[[slice], HookList]
-Reduce = Callable[[Tensor, slice], Tensor]
+from lens_attrib.backend import Head, arch_of
+from lens_attrib.forward import head_outputs
+from lens_attrib.inputs import pad_id_of
 
 DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-# --------------------------------------------------------------------------- forward engine
-def target_outputs(
-    model: Any,
-    tokens: Int[Tensor, "n pos"],
-    mask: Bool[Tensor, "n pos"],
-    positions: Int[Tensor, "n"],
-    *,
-    head: Head | None = None,
-    reduce: Reduce | None = None,
-    hooks: ChunkHooks | None = None,
-    max_batch: int = 64,
-) -> Tensor:
-    """Head outputs at ``positions`` for many sequences, in chunks of ``max_batch`` rows.
-
-    ``hooks(rows)`` gives the forward hooks for the chunk ``rows`` (a slice of the ``n`` rows);
-    ``reduce(head_out, rows)`` maps the chunk's ``[chunk, n_out]`` head outputs to what is kept
-    (default: the head outputs themselves). Runs inside the model guard under inference mode.
-    """
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    head = head or default_head(model)
-    encoder = is_encoder(model)
-    device = model.cfg.device
-    outs: list[Tensor] = []
-    with model_guard(model), torch.inference_mode():
-        for start in range(0, int(tokens.shape[0]), max_batch):
-            rows = slice(start, min(start + max_batch, int(tokens.shape[0])))
-            tok, msk = tokens[rows].to(device), mask[rows].to(device)
-            batch = Batch(tok, msk, [], torch.zeros_like(msk), encoder=encoder,
-                          padding_side="right" if encoder else "left")
-            with model.hooks(fwd_hooks=hooks(rows) if hooks is not None else []):
-                resid = final_residual(model, batch)
-            idx = torch.arange(tok.shape[0], device=resid.device)
-            out = head(resid[idx, positions[rows].to(resid.device)])
-            outs.append(reduce(out, rows) if reduce is not None else out)
-    return torch.cat(outs)
 
 
 def pad_sequences(
@@ -182,13 +138,8 @@ class _Plan:
 def _run_plan(model: Any, plan: _Plan, head: Head | None, max_batch: int, regression: bool,
               labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(value of the row's label, argmax, max value) for every sequence; ``labels`` per row."""
-    encoder = is_encoder(model)
-    tok = getattr(model, "tokenizer", None)
-    pad = 0
-    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        if tok is not None and getattr(tok, name, None) is not None:
-            pad = int(getattr(tok, name))
-            break
+    encoder = arch_of(model).encoder
+    pad = pad_id_of(getattr(model, "tokenizer", None))
     tokens, mask = pad_sequences(plan.seqs, pad, "right" if encoder else "left")
     offsets = (mask.shape[1] - mask.sum(-1)) if not encoder else torch.zeros(len(plan.seqs))
     positions = torch.tensor(plan.targets, dtype=torch.long) + offsets.long()
@@ -203,7 +154,7 @@ def _run_plan(model: Any, plan: _Plan, head: Head | None, max_batch: int, regres
         top = probs.max(-1)
         return torch.stack([value, top.indices.to(torch.float64), top.values], -1)
 
-    res = target_outputs(model, tokens, mask, positions, head=head, reduce=reduce,
+    res = head_outputs(model, tokens, mask, positions, head=head, reduce=reduce,
                          max_batch=max_batch).cpu()
     return res[:, 0], res[:, 1].long(), res[:, 2]
 
@@ -260,7 +211,7 @@ def aopc(
     ``head``: the head the attribution's Target used (default: the model's own).
     """
     regression = bool(attribution.target.regression)
-    encoder = is_encoder(model)
+    encoder = arch_of(model).encoder
     mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
     views = item_views(attribution, special_ids_of(model, special_ids))
     labels, p_full, pred = _references(model, views, head, max_batch, regression, attribution,
@@ -340,7 +291,7 @@ def insertion_deletion(
     regression = bool(attribution.target.regression)
     if regression:
         raise ValueError("insertion/deletion flips need a classification target.")
-    encoder = is_encoder(model)
+    encoder = arch_of(model).encoder
     mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
     views = item_views(attribution, special_ids_of(model, special_ids))
     labels, _, pred = _references(model, views, head, max_batch, False, attribution, label)
@@ -381,5 +332,4 @@ __all__ = [
     "pad_sequences",
     "pearson_drop",
     "special_ids_of",
-    "target_outputs",
 ]

@@ -35,11 +35,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +43,22 @@ import torch
 from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.evaluation.faithfulness import (
-    aopc,
-    insertion_deletion,
-    special_ids_of,
-    target_outputs,
-)
+from lens_attrib.backend import arch_of
+from lens_attrib.cli import add_methods_argument, add_shard_argument, choice_list
+from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion, special_ids_of
 from lens_attrib.evaluation.plausibility import PLAUSIBILITY_METRICS, plausibility
+from lens_attrib.evaluation.records import (
+    EvalResult,
+    merge_records,
+    save,
+    sort_records,
+    summarize,
+)
 from lens_attrib.evaluation.soft import soft_metrics
+from lens_attrib.forward import head_outputs
 from lens_attrib.inputs import default_prepend_bos, to_batch
 from lens_attrib.methods import attribute
-from lens_attrib.models import is_encoder
-from lens_attrib.target import Target, single_token_id
+from lens_attrib.target import Target
 
 AOPC_METRICS = {"comprehensiveness": "comprehensiveness", "sufficiency": "sufficiency",
                 "accuracy_perturbation": "accuracy"}
@@ -69,43 +69,6 @@ SOFT_BASE = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns", "expected_retaine
              "expected_retained_nc")
 SOFT_METRICS = {**{m: m for m in SOFT_BASE}, **{f"{m}_fixed": m for m in SOFT_BASE}}
 METRICS = (*PLAUSIBILITY_METRICS, *AOPC_METRICS, *CURVE_METRICS, *SOFT_METRICS)
-KEY = ("item", "method", "metric", "layer")
-
-
-@dataclass
-class EvalResult:
-    """Tidy records (one dict per item × method × metric [× layer]) and their summary."""
-
-    records: list[dict[str, Any]]
-    summary: list[dict[str, Any]]
-    config: dict[str, Any] = field(default_factory=dict)
-
-    def table(self) -> str:
-        """The summary as a plain-text table (method × metric means)."""
-        lines = [f"{'method':<20} {'metric':<24} {'mean':>10} {'n':>6}"]
-        for row in self.summary:
-            layer = "" if row.get("layer") is None else f"@{row['layer']}"
-            lines.append(f"{row['method']:<20} {row['metric'] + layer:<24} "
-                         f"{row['mean']:>10.4f} {row['n']:>6}")
-        return "\n".join(lines)
-
-
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean (NaN-ignoring), std and count of ``value`` per method × metric (× layer)."""
-    groups: dict[tuple[Any, ...], list[float]] = {}
-    for r in records:
-        groups.setdefault((r["method"], r["metric"], r.get("layer")), []).append(r["value"])
-    rows = []
-    for (method, metric, layer), values in groups.items():
-        finite = [v for v in values if v is not None and not math.isnan(v)]
-        n = len(finite)
-        mean = sum(finite) / n if n else float("nan")
-        var = sum((v - mean) ** 2 for v in finite) / (n - 1) if n > 1 else float("nan")
-        rows.append({"method": method, "metric": metric, "layer": layer, "mean": mean,
-                     "std": math.sqrt(var) if n > 1 else float("nan"), "n": n,
-                     "n_total": len(values)})
-    rows.sort(key=lambda r: (r["method"], r["metric"], -1 if r["layer"] is None else r["layer"]))
-    return rows
 
 
 # --------------------------------------------------------------------------- items
@@ -117,7 +80,7 @@ def _evidence(model: Any, item: Any) -> list[int]:
         return []
     from lens_attrib.data import evidence_token_positions
 
-    encoder = is_encoder(model)
+    encoder = arch_of(model).encoder
     return evidence_token_positions(
         item, model.tokenizer, prepend_bos=(not encoder) and default_prepend_bos(model),
         offset=1 if encoder else 0,
@@ -126,21 +89,32 @@ def _evidence(model: Any, item: Any) -> list[int]:
 
 def _correctness(model: Any, items: Sequence[Any], max_batch: int) -> tuple[list[bool | None],
                                                                             list[str]]:
-    """Per item: is the gold target preferred (over the foil, or as argmax); the prediction."""
+    """Per item: is the gold target preferred (over the foil, or as argmax); the prediction.
+
+    The explained scalar of the gold Target (``logit(target) − logit(foil)``) comes from
+    :meth:`ResolvedTarget.select`, like every method's.
+    """
     batch = to_batch(model, [it.prompt for it in items])
-    logits = target_outputs(model, batch.tokens, batch.mask, batch.last_real,
-                            max_batch=max_batch).cpu()
+    logits = head_outputs(model, batch.tokens, batch.mask, batch.last_real,
+                          max_batch=max_batch).cpu()
     pred = logits.argmax(-1)
-    correct: list[bool | None] = []
-    for i, it in enumerate(items):
-        if getattr(it, "target", None) is None:
-            correct.append(None)
-            continue
-        t = single_token_id(model, it.target)
-        if getattr(it, "foil", None) is not None:
-            correct.append(bool(logits[i, t] > logits[i, single_token_id(model, it.foil)]))
-        else:
-            correct.append(bool(pred[i] == t))
+    has_target = [getattr(it, "target", None) is not None for it in items]
+    has_foil = [h and getattr(it, "foil", None) is not None for h, it in zip(has_target, items)]
+    correct: list[bool | None] = [None] * len(items)
+    if any(has_target):
+        rows = [i for i, h in enumerate(has_target) if h]
+        foil_rows = [i for i in rows if has_foil[i]]
+        sub = batch.select(rows)
+        gold = Target(token=[items[i].target for i in rows]).resolve(model, sub, logits[rows])
+        for r, i in enumerate(rows):
+            correct[i] = bool(pred[i] == gold.token_ids[r])
+        if foil_rows:
+            sub = batch.select(foil_rows)
+            tgt = Target(token=[items[i].target for i in foil_rows],
+                         foil=[items[i].foil for i in foil_rows])
+            value = tgt.resolve(model, sub, logits[foil_rows]).select(logits[foil_rows])
+            for r, i in enumerate(foil_rows):
+                correct[i] = bool(value[r] > 0)
     tok = model.tokenizer
     names = [tok.decode([int(p)]) if tok is not None else str(int(p)) for p in pred]
     return correct, names
@@ -265,82 +239,6 @@ def evaluate(
     return result
 
 
-# --------------------------------------------------------------------------- I/O
-def _sort_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["item"], r["method"], r["metric"], -1 if r.get("layer") is None else r["layer"])
-
-
-def sort_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(records, key=_sort_key)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
-def save(result: EvalResult, path: str | Path) -> Path:
-    """Write ``.json`` (config, records, summary) or ``.csv`` (records; summary beside it)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".csv":
-        _write_csv(result.records, path)
-        _write_csv(result.summary, path.with_name(path.stem + ".summary.csv"))
-    else:
-        payload = {
-            "config": result.config,
-            "records": [{k: _json_safe(v) for k, v in r.items()} for r in result.records],
-            "summary": [{k: _json_safe(v) for k, v in r.items()} for r in result.summary],
-        }
-        path.write_text(json.dumps(payload, indent=1))
-    return path
-
-
-def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    fields: list[str] = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _load(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".csv":
-        with path.open() as fh:
-            rows = list(csv.DictReader(fh))
-        for r in rows:
-            r["item"] = int(r["item"])
-            r["value"] = float(r["value"]) if r["value"] not in ("", None) else float("nan")
-            r["layer"] = int(r["layer"]) if r.get("layer") not in ("", None) else None
-            r["method"] = r["method"]
-        return rows
-    rows = json.loads(path.read_text())["records"]
-    for r in rows:
-        r["value"] = float("nan") if r["value"] is None else float(r["value"])
-    return rows
-
-
-def merge_records(paths: Sequence[str | Path]) -> EvalResult:
-    """Concatenate shard results (JSON or CSV) into one sorted result with its summary.
-
-    Raises if two shards hold the same item × method × metric × layer.
-    """
-    records: list[dict[str, Any]] = []
-    seen: set[tuple[Any, ...]] = set()
-    for p in sorted(Path(x) for x in paths):
-        for r in _load(p):
-            key = tuple(r.get(k) for k in KEY)
-            if key in seen:
-                raise ValueError(f"Record {key} appears in more than one shard ({p}).")
-            seen.add(key)
-            records.append(r)
-    records = sort_records(records)
-    return EvalResult(records, summarize(records), {"merged": [str(p) for p in paths]})
-
-
 # --------------------------------------------------------------------------- CLI
 def _load_task(task: str, n: int, seed: int) -> list[Any]:
     from lens_attrib import data
@@ -357,36 +255,41 @@ def _load_task(task: str, n: int, seed: int) -> list[Any]:
 
 def main(argv: Sequence[str] | None = None) -> EvalResult:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--task", default="sva")
-    parser.add_argument("--methods", default="grad_x_input")
-    parser.add_argument("--metrics", default="pointing_game,mrr")
-    parser.add_argument("--n", type=int, default=50)
-    parser.add_argument("--shard", default=None, help="i/n")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--target", default="gold", choices=("gold", "prediction"))
-    parser.add_argument("--contrastive", action="store_true")
-    parser.add_argument("--only-correct", action="store_true")
-    parser.add_argument("--n-draws", type=int, default=15)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="model name (smollm2-135m, minilm-l6), local folder or TL name")
+    parser.add_argument("--task", default="sva",
+                        help="sva, anaphora, dna, blimp:<paradigm> or linzen")
+    add_methods_argument(parser, "grad_x_input")
+    parser.add_argument("--metrics", type=choice_list(list(METRICS), "metric(s)"),
+                        default=["pointing_game", "mrr"], metavar="M1,M2,…",
+                        help=f"comma-separated metrics, from: {', '.join(METRICS)}")
+    parser.add_argument("--n", type=int, default=50, help="number of items")
+    add_shard_argument(parser)
+    parser.add_argument("--out", default=None, help="write records to this .json or .csv")
+    parser.add_argument("--batch-size", type=int, default=8, help="items per method call")
+    parser.add_argument("--max-batch", type=int, default=64,
+                        help="rows per forward in the perturbation metrics")
+    parser.add_argument("--target", default="gold", choices=("gold", "prediction"),
+                        help="explain the gold token or the model's prediction")
+    parser.add_argument("--contrastive", action="store_true",
+                        help="explain logit(target) − logit(foil)")
+    parser.add_argument("--only-correct", action="store_true",
+                        help="explain only the items the model gets right")
+    parser.add_argument("--n-draws", type=int, default=15,
+                        help="Monte-Carlo draws of the soft metrics")
+    parser.add_argument("--seed", type=int, default=0, help="data and metric seed")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     from lens_attrib.models import load_model
 
-    shard = None
-    if args.shard:
-        i, n = (int(x) for x in args.shard.split("/"))
-        shard = (i, n)
     model = load_model(args.model)
     dataset = _load_task(args.task, args.n, args.seed)
     result = evaluate(
-        model, dataset, args.methods.split(","), args.metrics.split(","),
+        model, dataset, args.methods, args.metrics,
         batch_size=args.batch_size, target=args.target, contrastive=args.contrastive,
-        only_correct=args.only_correct, shard=shard, max_batch=args.max_batch, seed=args.seed,
-        metric_options={"soft": {"n_draws": args.n_draws}}, progress=not args.no_progress,
-        out=args.out,
+        only_correct=args.only_correct, shard=args.shard, max_batch=args.max_batch,
+        seed=args.seed, metric_options={"soft": {"n_draws": args.n_draws}},
+        progress=not args.no_progress, out=args.out,
     )
     print(result.table())  # CLI output
     return result

@@ -67,10 +67,11 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.evaluation.faithfulness import special_ids_of, target_outputs
+from lens_attrib.backend import arch_of, token_embedding_hook
+from lens_attrib.evaluation.faithfulness import special_ids_of
+from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.masking import embedding_mask_hook
 from lens_attrib.hooks.routing import fixed_routing_hooks, pattern_cache_hooks
-from lens_attrib.models import is_encoder
 from lens_attrib.target import Head
 
 DEFAULT_PIS = tuple(round(0.05 * k, 2) for k in range(1, 20))
@@ -262,14 +263,13 @@ def soft_metrics(
     positions = attribution.target.positions[rows_item]
     d_model = int(model.cfg.d_model)
     first_real = [int(torch.nonzero(attribution.mask[b]).min()) for b in range(len(plans))]
-    encoder = is_encoder(model)
-    hook_name = "embed.hook_embed" if encoder else "hook_embed"
+    hook_name = token_embedding_hook(arch_of(model))
 
     patterns = None
     if routing == "fixed":
         store: dict[str, list[Tensor]] = {}
         saving = pattern_cache_hooks(store)(int(model.cfg.n_layers))
-        target_outputs(model, attribution.token_ids, attribution.mask,
+        head_outputs(model, attribution.token_ids, attribution.mask,
                        attribution.target.positions, head=head, hooks=lambda rows: saving,
                        max_batch=max_batch)
         patterns = {name: torch.cat(chunks) for name, chunks in store.items()}
@@ -338,7 +338,7 @@ def _distances_by_item(model: Any, tokens: Tensor, mask: Tensor, positions: Tens
                 clean.pop(b, None)
         return res
 
-    out = target_outputs(model, tokens, mask, positions, head=head, reduce=to_dist, hooks=hooks,
+    out = head_outputs(model, tokens, mask, positions, head=head, reduce=to_dist, hooks=hooks,
                          max_batch=max_batch)
     return out.reshape(-1, n_rows, 3)
 

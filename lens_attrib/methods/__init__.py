@@ -1,15 +1,15 @@
-"""Attribution methods. Importing this package registers every method in ``METHODS``."""
+"""Attribution methods: importing this package registers every module's methods in ``METHODS``.
 
-from lens_attrib.methods import (  # noqa: F401  (importing registers the methods)
-    alti,
-    attention,
-    generation,
-    grad_ellm,
-    gradient,
-    logit_lens,
-    lrp,
-    perturbation,
-)
-from lens_attrib.methods.registry import METHOD_INFO, METHODS, attribute, register
+Every module of this package is imported here (discovered, not listed), so a new method is one
+new file with a ``@register(...)`` core function.
+"""
 
-__all__ = ["METHODS", "METHOD_INFO", "attribute", "gradient", "register"]
+import importlib
+import pkgutil
+
+from lens_attrib.methods.registry import METHODS, MethodSpec, attribute, register
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["METHODS", "MethodSpec", "attribute", "register"]

@@ -29,7 +29,6 @@ final residual (its weight gives the direction, its bias a bias term); anything 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +37,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.attribution import Attribution
-from lens_attrib.hooks.guard import model_guard
+from lens_attrib.backend import final_norm, hook_name, unembedding
+from lens_attrib.forward import Forward, no_grad_context, run, target_rows
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.alti_mixing import (
     PostNorm,
@@ -51,16 +50,15 @@ from lens_attrib.methods.alti_mixing import (
     trace_rows,
     value_bias,
 )
-from lens_attrib.methods.cached_forward import Forward, forward, target_rows
-from lens_attrib.methods.common import check_finite, make_attribution, prepare
-from lens_attrib.methods.registry import register
-from lens_attrib.models import is_encoder
+from lens_attrib.methods.registry import (
+    MethodOutput,
+    Option,
+    is_bool,
+    positive_int_or_none,
+    prepare,
+    register,
+)
 from lens_attrib.target import ResolvedTarget, Target, TargetError
-
-
-def work_dtype(model: Any) -> torch.dtype:
-    """float64 for float64 models, float32 otherwise (bf16/fp16 activations are upcast)."""
-    return torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
 
 
 @dataclass
@@ -83,29 +81,28 @@ class AltiCache:
 
     @property
     def encoder(self) -> bool:
-        return is_encoder(self.model)
+        return self.batch.arch.encoder
 
     def hooks(self) -> list[tuple[str, Callable[..., None]]]:
         hooks: list[tuple[str, Callable[..., None]]] = []
-        for layer in range(self.model.cfg.n_layers):
-            b = f"blocks.{layer}"
+        for layer in range(self.batch.arch.n_layers):
             hooks += [
-                (f"{b}.hook_resid_pre", self._store(layer, "x")),
-                (f"{b}.attn.hook_v", self._store(layer, "v")),
-                (f"{b}.attn.hook_pattern", self._store(layer, "pattern")),
+                (hook_name("resid_pre", layer), self._store(layer, "x")),
+                (hook_name("v", layer), self._store(layer, "v")),
+                (hook_name("pattern", layer), self._store(layer, "pattern")),
             ]
             if self.encoder:
                 hooks += [
-                    (f"{b}.ln1.hook_scale", self._store(layer, "scale")),
-                    (f"{b}.ln1.hook_normalized", self._store(layer, "normalized")),
+                    (hook_name("scale", layer, "ln1"), self._store(layer, "scale")),
+                    (hook_name("normalized", layer, "ln1"), self._store(layer, "normalized")),
                 ]
             else:
                 hooks += [
-                    (f"{b}.hook_attn_out", self._store(layer, "attn_out")),
-                    (f"{b}.hook_mlp_out", self._store(layer, "mlp_out")),
+                    (hook_name("attn_out", layer), self._store(layer, "attn_out")),
+                    (hook_name("mlp_out", layer), self._store(layer, "mlp_out")),
                 ]
         if not self.encoder:
-            hooks.append(("ln_final.hook_scale", self._store(-1, "final_scale")))
+            hooks.append((hook_name("scale"), self._store(-1, "final_scale")))
         return hooks
 
     def _store(self, layer: int, what: str) -> Callable[..., None]:
@@ -204,11 +201,11 @@ def run_alti_forward(
     mixing_layers: set[int],
     chunk_size: int | None,
 ) -> tuple[Forward, AltiCache]:
-    """One forward recording exactly what ALTI / ALTI-Logit need."""
+    """One forward recording exactly what ALTI / ALTI-Logit need (after the user's hooks)."""
     cache = AltiCache(
-        model, batch, target.positions(batch), mixing_layers, chunk_size, work_dtype(model)
+        model, batch, target.positions(batch), mixing_layers, chunk_size, batch.arch.work_dtype
     )
-    result = forward(model, batch, target, cache.hooks())
+    result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
     return result, cache
 
 
@@ -230,9 +227,10 @@ def logit_direction(
         if head.bias is not None:
             const = resolved.select(head.bias.to(dtype)[None].expand(u.shape[0], -1))
         return u, const
-    d = resolved.direction(model.unembed.W_U.to(dtype))
-    const = resolved.select(model.unembed.b_U.to(dtype)[None].expand(d.shape[0], -1))
-    ln = norm_params(model.ln_final)
+    w_u, b_u = unembedding(model)
+    d = resolved.direction(w_u.to(dtype))
+    const = resolved.select(b_u.to(dtype)[None].expand(d.shape[0], -1))
+    ln = norm_params(final_norm(model))
     if ln.bias is not None:
         const = const + d @ ln.bias.to(dtype)
     u = d if ln.weight is None else d * ln.weight.to(dtype)
@@ -245,20 +243,31 @@ def logit_direction(
     return u, const
 
 
-def _check_options(chunk_size: int | None) -> None:
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive number of query rows, got {chunk_size}")
+CHUNK_OPTION = Option(
+    None, check=positive_int_or_none, help="query rows per chunk (default: a memory budget)"
+)
 
 
-@register("alti_logit", encoder=False, per_layer=True, instead="alti")
+@register(
+    "alti_logit",
+    label="ALTI-Logit",
+    encoder=False,
+    per_layer=True,
+    head_relevances=True,
+    instead="alti",
+    options={
+        "chunk_size": CHUNK_OPTION,
+        "trace_heads": Option(False, check=is_bool, help="trace head scores to input tokens"),
+    },
+)
 def alti_logit(
     model: Any,
-    inputs: Any,
-    target: Target | None = None,
+    batch: Batch,
+    target: Target,
     *,
-    chunk_size: int | None = None,
-    trace_heads: bool = False,
-) -> Attribution:
+    chunk_size: int | None,
+    trace_heads: bool,
+) -> MethodOutput:
     """ALTI-Logit (Ferrando et al. 2023): logit contributions traced to input tokens.
 
     Options: ``chunk_size`` (query rows per chunk of the mixing computation; default: a memory
@@ -272,63 +281,50 @@ def alti_logit(
     final-norm β), ``logit`` ``[batch]`` (the explained value). ``scores.sum(-1) + mlp.sum(-1) +
     attn_bias.sum(-1) + embedding + bias == logit``.
     """
-    if is_encoder(model):
-        raise TargetError("alti_logit applies to decoders; use method 'alti' for encoders.")
-    _check_options(chunk_size)
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    n_layers = model.cfg.n_layers
-    dtype = work_dtype(model)
-    with model_guard(model):
-        result, cache = run_alti_forward(model, batch, target, set(range(n_layers - 1)), chunk_size)
-        assert result.value is not None
-        u, const = logit_direction(model, target, result.resolved, cache.final_scale, dtype)
-        n_heads = model.cfg.n_heads
-        head_tok = []
-        attn_bias = []
-        mlp = []
-        for layer in range(n_layers):
-            block = model.blocks[layer]
-            v = cache.v[layer]
-            theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
-            w = torch.einsum("hkd,bd->bhk", block.attn.W_O.to(dtype), u)
-            vt = torch.einsum("bthk,bhk->bht", expand_kv(v - theta, n_heads), w)
-            alpha = cache.alpha_t[layer]
-            head_tok.append(alpha * vt)
-            bias_heads = torch.einsum("bh,hk,bhk->b", alpha.sum(-1), expand_kv(theta, n_heads), w)
-            attn_bias.append(bias_heads + u @ block.attn.b_O.to(dtype))
-            mlp.append((cache.mlp_t[layer] * u).sum(-1))
-        head_token = torch.stack(head_tok, 1)  # [batch, layer, head, pos]
-        mats = [cache.mats[k] for k in range(n_layers - 1)]
-        layer_scores = trace_rows(head_token.sum(2), list(range(n_layers)), mats)
-        if trace_heads:
-            flat = head_token.flatten(1, 2)
-            depths = [layer for layer in range(n_layers) for _ in range(n_heads)]
-            head_token = trace_rows(flat, depths, mats).unflatten(1, (n_layers, n_heads))
-        assert cache.embed_t is not None
-        parts = {
-            "mlp": torch.stack(mlp, 1),
-            "attn_bias": torch.stack(attn_bias, 1),
-            "embedding": (cache.embed_t * u).sum(-1),
-            "bias": const,
-            "logit": result.value.to(dtype),
-        }
-        scores = layer_scores.sum(1)
-        check_finite("alti_logit", scores)
-        return make_attribution(
-            model,
-            batch,
-            result.resolved,
-            "alti_logit",
-            scores,
-            started=started,
-            options={"chunk_size": chunk_size, "trace_heads": trace_heads},
-            layer_scores=layer_scores * batch.mask[:, None].to(dtype),
-            head_scores=head_token.sum(-1),
-            head_token_scores=head_token,
-            parts={k: v.detach().cpu() for k, v in parts.items()},
-            meta={"explained_value": result.value.detach().cpu()},
-        )
+    n_layers = batch.arch.n_layers
+    dtype = batch.arch.work_dtype
+    result, cache = run_alti_forward(model, batch, target, set(range(n_layers - 1)), chunk_size)
+    assert result.value is not None
+    u, const = logit_direction(model, target, result.resolved, cache.final_scale, dtype)
+    n_heads = batch.arch.n_heads
+    head_tok = []
+    attn_bias = []
+    mlp = []
+    for layer in range(n_layers):
+        block = model.blocks[layer]
+        v = cache.v[layer]
+        theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
+        w = torch.einsum("hkd,bd->bhk", block.attn.W_O.to(dtype), u)
+        vt = torch.einsum("bthk,bhk->bht", expand_kv(v - theta, n_heads), w)
+        alpha = cache.alpha_t[layer]
+        head_tok.append(alpha * vt)
+        bias_heads = torch.einsum("bh,hk,bhk->b", alpha.sum(-1), expand_kv(theta, n_heads), w)
+        attn_bias.append(bias_heads + u @ block.attn.b_O.to(dtype))
+        mlp.append((cache.mlp_t[layer] * u).sum(-1))
+    head_token = torch.stack(head_tok, 1)  # [batch, layer, head, pos]
+    mats = [cache.mats[k] for k in range(n_layers - 1)]
+    layer_scores = trace_rows(head_token.sum(2), list(range(n_layers)), mats)
+    if trace_heads:
+        flat = head_token.flatten(1, 2)
+        depths = [layer for layer in range(n_layers) for _ in range(n_heads)]
+        head_token = trace_rows(flat, depths, mats).unflatten(1, (n_layers, n_heads))
+    assert cache.embed_t is not None
+    parts = {
+        "mlp": torch.stack(mlp, 1),
+        "attn_bias": torch.stack(attn_bias, 1),
+        "embedding": (cache.embed_t * u).sum(-1),
+        "bias": const,
+        "logit": result.value.to(dtype),
+    }
+    return MethodOutput(
+        layer_scores.sum(1),
+        result.resolved,
+        layer_scores=layer_scores * batch.mask[:, None].to(dtype),
+        head_scores=head_token.sum(-1),
+        head_token_scores=head_token,
+        parts=parts,
+        meta={"explained_value": result.value.detach().cpu()},
+    )
 
 
 def alti_mixing_matrices(
@@ -336,45 +332,38 @@ def alti_mixing_matrices(
 ) -> tuple[Batch, Forward, list[Tensor]]:
     """Every layer's ALTI mixing matrix ``[batch, pos, pos]`` (decoders: rows ≤ target)."""
     batch, target = prepare(model, inputs, target)
-    with model_guard(model):
+    with no_grad_context(model):
         result, cache = run_alti_forward(
-            model, batch, target, set(range(model.cfg.n_layers)), chunk_size
+            model, batch, target, set(range(batch.arch.n_layers)), chunk_size
         )
-    return batch, result, [cache.mats[k] for k in range(model.cfg.n_layers)]
+    return batch, result, [cache.mats[k] for k in range(batch.arch.n_layers)]
 
 
-@register("alti", per_layer=True)
-def alti(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    chunk_size: int | None = None,
-) -> Attribution:
+@register(
+    "alti",
+    label="ALTI",
+    per_layer=True,
+    target_free=True,
+    needs_head=False,
+    options={"chunk_size": CHUNK_OPTION},
+)
+def alti(model: Any, batch: Batch, target: Target, *, chunk_size: int | None) -> MethodOutput:
     """ALTI (Ferrando et al. 2022): rollout of token-mixing matrices, the target row.
 
     ``scores[b] = (A_{L−1} ⋯ A_0)[t_b]``; ``layer_scores[b, l] = (A_l ⋯ A_0)[t_b]`` (contributions
     of the input tokens to the representation of the target position after layer l). Rows sum
     to 1 over real tokens. Option ``chunk_size`` as in ``alti_logit``.
     """
-    _check_options(chunk_size)
-    started = time.perf_counter()
-    batch, result, mats = alti_mixing_matrices(model, inputs, target, chunk_size=chunk_size)
-    n_layers = model.cfg.n_layers
+    n_layers = batch.arch.n_layers
+    result, cache = run_alti_forward(model, batch, target, set(range(n_layers)), chunk_size)
+    mats = [cache.mats[k] for k in range(n_layers)]
     positions = result.resolved.positions
     rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)
     rows[torch.arange(batch.size), :, positions] = 1.0
     layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
-    scores = layer_scores[:, -1]
-    check_finite("alti", scores)
-    return make_attribution(
-        model,
-        batch,
+    return MethodOutput(
+        layer_scores[:, -1],
         result.resolved,
-        "alti",
-        scores,
-        started=started,
-        options={"chunk_size": chunk_size},
         layer_scores=layer_scores,
         meta={"target_position_only": result.position_only},
     )

@@ -25,14 +25,15 @@ rows at a time; causal models skip ``j > i``; centring is elementwise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import einops
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
+
+from lens_attrib.backend import value_weights
+from lens_attrib.methods.propagation import trace_rows
 
 #: Default budget (elements; ~16 MB in float32, small enough to stay in cache) of one chunk
 #: of transformed vectors ``[j, rows, d_model]``.
@@ -64,18 +65,6 @@ def norm_params(module: nn.Module) -> NormParams:
 def center(x: Tensor) -> Tensor:
     """Subtract the mean over the last dimension (LayerNorm centring, elementwise)."""
     return x - x.mean(-1, keepdim=True)
-
-
-def value_weights(attn: nn.Module, n_v_heads: int) -> tuple[Tensor, Tensor]:
-    """``W_V [n_v_heads, d_model, d_head]`` and ``b_V [n_v_heads, d_head]`` as ``hook_v`` uses them.
-
-    Grouped-query attention stores key/value weights per KV head (``_W_V``); when ``hook_v``
-    holds the query-head count (``ungroup_grouped_query_attention``) the expanded ones are used.
-    """
-    w_v = getattr(attn, "_W_V", None)
-    if w_v is not None and w_v.shape[0] == n_v_heads:
-        return cast(Tensor, w_v), cast(Tensor, attn._b_V)
-    return cast(Tensor, attn.W_V), cast(Tensor, attn.b_V)
 
 
 def value_bias(
@@ -222,19 +211,19 @@ def mixing_matrix(
     return torch.where(fill[:, None], eye, out)
 
 
-def trace_rows(
-    rows: Float[Tensor, "batch n pos"],
-    depths: Sequence[int],
-    mats: Sequence[Float[Tensor, "batch pos pos"]],
-) -> Float[Tensor, "batch n pos"]:
-    """``out[:, r] = rows[:, r] @ mats[depth_r − 1] @ … @ mats[0]`` (top-down, row vectors).
-
-    Row vectors are pushed down one layer at a time (O(n·T²) per layer) instead of forming full
-    ``T×T`` products.
-    """
-    out = rows.clone()
-    depth = torch.as_tensor(list(depths), device=rows.device)
-    for k in range(int(depth.max().item()) - 1 if len(depths) else -1, -1, -1):
-        sel = torch.nonzero(depth > k).flatten()
-        out[:, sel] = torch.bmm(out[:, sel], mats[k].to(out.dtype))
-    return out
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "NormParams",
+    "PostNorm",
+    "attention_bias",
+    "auto_chunk",
+    "center",
+    "expand_kv",
+    "head_outputs",
+    "mixing_matrix",
+    "norm_params",
+    "trace_rows",
+    "transformed_vectors",
+    "value_bias",
+    "value_weights",
+]

@@ -10,7 +10,6 @@ Padding tokens get 0 and are never attended (padding rows are identity rows).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,17 +17,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from lens_attrib.attribution import Attribution
-from lens_attrib.hooks.guard import model_guard
-from lens_attrib.methods.alti_mixing import trace_rows
-from lens_attrib.methods.cached_forward import forward, target_rows
-from lens_attrib.methods.common import check_finite, make_attribution, prepare
-from lens_attrib.methods.registry import register
+from lens_attrib.backend import attn_hook
+from lens_attrib.forward import run, target_rows
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.propagation import trace_rows
+from lens_attrib.methods.registry import MethodOutput, Option, register
 from lens_attrib.target import Target
-
-
-def _dtype(model: Any) -> torch.dtype:
-    return torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
 
 
 def _pattern_hook(store: dict[int, Tensor], layer: int, dtype: torch.dtype) -> Callable[..., None]:
@@ -50,63 +44,51 @@ def rollout_matrix(
     return torch.where(mask[:, :, None], a, eye)
 
 
-@register("attention")
-def attention(
-    model: Any, inputs: Any, target: Target | None = None, *, layer: int = -1
-) -> Attribution:
+def _layer_check(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) else "a layer index"
+
+
+@register(
+    "attention",
+    label="Attention",
+    target_free=True,
+    needs_head=False,
+    options={"layer": Option(-1, check=_layer_check, help="which layer (default: the last)")},
+)
+def attention(model: Any, batch: Batch, target: Target, *, layer: int) -> MethodOutput:
     """Raw attention of ``layer`` (default: last), averaged over heads, at the target row."""
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    n_layers = model.cfg.n_layers
+    n_layers = batch.arch.n_layers
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must be in [{-n_layers}, {n_layers - 1}], got {layer}")
     layer %= n_layers
     store: dict[int, Tensor] = {}
-    hooks = [(f"blocks.{layer}.attn.hook_pattern", _pattern_hook(store, layer, _dtype(model)))]
-    with model_guard(model):
-        result = forward(model, batch, target, hooks)
+    hooks = [(attn_hook("pattern", layer), _pattern_hook(store, layer, batch.arch.work_dtype))]
+    result = run(model, batch, target, fwd_hooks=hooks, position_only_ok=True)
     scores = target_rows(store[layer], result.resolved.positions)
     scores = scores * batch.mask.to(scores.dtype)
-    check_finite("attention", scores)
-    return make_attribution(
-        model,
-        batch,
-        result.resolved,
-        "attention",
-        scores,
-        started=started,
-        options={"layer": layer},
-        meta={"target_position_only": result.position_only},
+    return MethodOutput(
+        scores, result.resolved, meta={"target_position_only": result.position_only, "layer": layer}
     )
 
 
-@register("rollout", per_layer=True)
-def rollout(model: Any, inputs: Any, target: Target | None = None) -> Attribution:
+@register("rollout", label="Rollout", per_layer=True, target_free=True, needs_head=False)
+def rollout(model: Any, batch: Batch, target: Target) -> MethodOutput:
     """Attention rollout (Abnar & Zuidema 2020), target row; per-layer rollouts in layer_scores."""
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    n_layers = model.cfg.n_layers
+    n_layers = batch.arch.n_layers
     store: dict[int, Tensor] = {}
-    dtype = _dtype(model)
+    dtype = batch.arch.work_dtype
     hooks = [
-        (f"blocks.{layer}.attn.hook_pattern", _pattern_hook(store, layer, dtype))
+        (attn_hook("pattern", layer), _pattern_hook(store, layer, dtype))
         for layer in range(n_layers)
     ]
-    with model_guard(model):
-        result = forward(model, batch, target, hooks)
+    result = run(model, batch, target, fwd_hooks=hooks, position_only_ok=True)
     mats = [rollout_matrix(store[layer], batch.mask) for layer in range(n_layers)]
     rows = torch.zeros(batch.size, n_layers, batch.length, dtype=dtype)
     rows[torch.arange(batch.size), :, result.resolved.positions] = 1.0
     layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
-    scores = layer_scores[:, -1]
-    check_finite("rollout", scores)
-    return make_attribution(
-        model,
-        batch,
+    return MethodOutput(
+        layer_scores[:, -1],
         result.resolved,
-        "rollout",
-        scores,
-        started=started,
         layer_scores=layer_scores,
         meta={"target_position_only": result.position_only},
     )

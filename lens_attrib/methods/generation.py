@@ -17,10 +17,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from lens_attrib.errors import InputError, TargetError
 from lens_attrib.hooks.guard import model_guard
-from lens_attrib.inputs import Batch, InputError, str_tokens_of
-from lens_attrib.models import is_encoder
-from lens_attrib.target import Target, TargetError
+from lens_attrib.inputs import Batch, str_tokens_of
+from lens_attrib.target import Target
 
 
 def greedy_generate(model: Any, tokens: Int[Tensor, "pos"], steps: int) -> list[int]:
@@ -63,7 +63,7 @@ def generation_batch(
     """
     if target.generate <= 0:
         raise TargetError("generation_batch needs Target(generate=N) with N > 0.")
-    if is_encoder(model):
+    if batch.arch.encoder:
         raise TargetError(
             "Target(generate=N) needs a decoder (HookedTransformer): an encoder does not generate."
         )
@@ -110,7 +110,7 @@ def generation_batch(
         mask,
         [list(str_tokens) for _ in range(n_steps)],
         special.expand(n_steps, -1).clone(),
-        encoder=False,
+        batch.arch,
         padding_side=batch.padding_side,
         extra={**batch.extra, "generation": info},
     )

@@ -25,7 +25,6 @@ every generated step is a row of the batch (``scores`` ``[steps, pos]``) and
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,17 +32,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from lens_attrib.attribution import Attribution
+from lens_attrib.backend import attn_hook, query_key_hooks
+from lens_attrib.forward import run
 from lens_attrib.inputs import Batch
-from lens_attrib.methods.common import (
-    check_finite,
-    grad_context,
-    hooked_forward,
-    make_attribution,
-    prepare,
-)
-from lens_attrib.methods.registry import register
-from lens_attrib.models import is_encoder
+from lens_attrib.methods.registry import MethodOutput, Option, positive_int, register
 from lens_attrib.target import Target
 
 SIMILARITIES = ("minmax", "softmax", "concat")
@@ -133,42 +125,57 @@ def _keep_hook(store: dict[str, Tensor], name: str) -> Any:
     return hook
 
 
-@register("grad_ellm", per_layer=True, uses_gradient=True)
+def _layers_check(value: Any) -> str | None:
+    ok = value is None or (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
+    return None if ok else "None or a list of layer indices"
+
+
+@register(
+    "grad_ellm",
+    label="Grad-ELLM",
+    per_layer=True,
+    uses_gradient=True,
+    options={
+        "n_layers": Option(1, check=positive_int, help="the last n layers (when layers is None)"),
+        "layers": Option(None, check=_layers_check, help="explicit layer indices"),
+        "similarity": Option("minmax", choices=SIMILARITIES),
+    },
+)
 def grad_ellm(
     model: Any,
-    inputs: Any,
-    target: Target | None = None,
+    batch: Batch,
+    target: Target,
     *,
-    n_layers: int = 1,
-    layers: Sequence[int] | None = None,
-    similarity: str = "minmax",
-) -> Attribution:
+    n_layers: int,
+    layers: Sequence[int] | None,
+    similarity: str,
+) -> MethodOutput:
     """Grad-ELLM over the last ``n_layers`` (or ``layers``); see the module docstring."""
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
     chosen = select_layers(model, n_layers, layers)
     positions = target.positions(batch)
-    rotary = model.cfg.positional_embedding_type == "rotary"
-    qn, kn = ("hook_rot_q", "hook_rot_k") if rotary else ("hook_q", "hook_k")
     store: dict[str, Tensor] = {}
     hooks: list[tuple[str, Any]] = []
     for layer in chosen:
-        a = f"blocks.{layer}.attn."
+        qn, kn = query_key_hooks(batch.arch, layer)
         hooks += [
-            (a + qn, _row_hook(store, f"{layer}.q", positions, 1)),
-            (a + kn, _keep_hook(store, f"{layer}.k")),
-            (a + "hook_v", _keep_hook(store, f"{layer}.v")),
+            (qn, _row_hook(store, f"{layer}.q", positions, 1)),
+            (kn, _keep_hook(store, f"{layer}.k")),
+            (attn_hook("v", layer), _keep_hook(store, f"{layer}.v")),
         ]
         if similarity == "softmax":
-            hooks.append((a + "hook_pattern", _row_hook(store, f"{layer}.pattern", positions, 2)))
-    z_names = [f"blocks.{layer}.attn.hook_z" for layer in chosen]
-    with grad_context(model):
-        result = hooked_forward(model, batch, target, capture=z_names, fwd_hooks=hooks)
-        zs = [result.captured[n] for n in z_names]
-        grads = torch.autograd.grad(result.value.sum(), zs, allow_unused=True)
-    allowed = key_mask(batch, positions, causal=not is_encoder(model))
+            hooks.append(
+                (attn_hook("pattern", layer), _row_hook(store, f"{layer}.pattern", positions, 2))
+            )
+    z_names = [attn_hook("z", layer) for layer in chosen]
+    result = run(model, batch, target, capture=z_names, fwd_hooks=hooks)
+    assert result.value is not None
+    zs = [result.captured[n] for n in z_names]
+    grads = torch.autograd.grad(result.value.sum(), zs, allow_unused=True)
+    allowed = key_mask(batch, positions, causal=batch.arch.causal)
     items = torch.arange(batch.size, device=positions.device)
     maps = []
     for layer, z, g in zip(chosen, zs, grads):
@@ -189,21 +196,10 @@ def grad_ellm(
     total = per_layer.sum(1)
     norm = total.sum(-1, keepdim=True)
     scores = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
-    check_finite("grad_ellm", scores)
-    meta: dict[str, Any] = {"layers": chosen, "explained_value": result.value.detach().cpu()}
+    meta: dict[str, Any] = {"explained_value": result.value.detach().cpu()}
     if "generation" in batch.extra:
         meta["step_aggregate"] = scores.detach().mean(0).cpu()
-    return make_attribution(
-        model,
-        batch,
-        result.resolved,
-        "grad_ellm",
-        scores,
-        started=started,
-        options={"n_layers": n_layers, "layers": layers, "similarity": similarity},
-        layer_scores=per_layer,
-        meta=meta,
-    )
+    return MethodOutput(scores, result.resolved, layer_scores=per_layer, meta=meta, layers=chosen)
 
 
 __all__ = ["grad_ellm", "layer_map", "minmax", "select_layers"]

@@ -18,184 +18,93 @@ Per-head relevances (``heads=True``), read in the same backward pass at every ``
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
-import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_attrib.attribution import Attribution
-from lens_attrib.inputs import Batch
-from lens_attrib.methods.common import (
-    FwdHooks,
-    check_finite,
+from lens_attrib.backend import (
+    EMBEDDINGS,
+    Arch,
+    arch_of,
     embedding_hooks,
-    final_residual,
-    grad_context,
-    hooked_forward,
-    make_attribution,
-    prepare,
+    head_output_hooks,
+    token_embedding_matrix,
 )
-from lens_attrib.methods.registry import register
-from lens_attrib.models import is_encoder
-from lens_attrib.target import Target
+from lens_attrib.forward import FwdHooks, resid_of, run
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at, head_relevances
+from lens_attrib.methods.registry import (
+    MethodOutput,
+    Option,
+    is_bool,
+    positive_int,
+    positive_int_or_none,
+    register,
+)
+from lens_attrib.target import ResolvedTarget, Target
+
+EMBEDDING_OPTION = Option("full", choices=EMBEDDINGS, help="'full': token + positional (+ type)")
+HEADS_OPTION = Option(False, check=is_bool, help="also per-head relevances at attn.hook_z")
 
 
-def gradients_at(
-    model: Any, batch: Any, target: Target, names: Sequence[str], fwd_hooks: FwdHooks = ()
-) -> tuple[list[Tensor], list[Tensor], Any]:
-    """(activations at ``names``, ``∂f/∂`` them, forward result) in one backward pass.
-
-    ``fwd_hooks`` (e.g. LRP detach patches) are applied before the activations are captured, so a
-    patch at a captured hook point acts upstream of the captured tensor.
-    """
-    result = hooked_forward(model, batch, target, capture=list(names), fwd_hooks=fwd_hooks)
-    inputs = [result.captured[n] for n in names]
-    grads = torch.autograd.grad(result.value.sum(), inputs, allow_unused=True)
-    grads_filled = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
-    return [x.detach() for x in inputs], [g.detach() for g in grads_filled], result
-
-
-def embedding_gradients(
-    model: Any, batch: Any, target: Target, embeddings: str = "full"
-) -> tuple[list[Tensor], list[Tensor], Any]:
-    """(embedding activations, their gradients, forward result) in one backward pass."""
-    return gradients_at(model, batch, target, embedding_hooks(model, embeddings))
-
-
-def head_hooks(model: Any) -> list[str]:
-    """``blocks.L.attn.hook_z`` of every layer (head outputs before ``W_O``)."""
-    return [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
-
-
-def head_relevances(
-    zs: Sequence[Tensor], grads: Sequence[Tensor], mask: Tensor, pooling: str = "grad_x_input"
-) -> dict[str, Any]:
-    """Attribution fields for per-head relevances from ``z`` and ``∂f/∂z`` of every layer.
-
-    ``pooling="grad_x_input"`` (Gradient×Input / LRP): ``r = z ⊙ ∂f/∂z`` (signed),
-    ``head_token_scores = Σ_d r``, ``head_scores = Σ_pos Σ_d r``. With LRP patches and zero
-    biases the head scores of one layer sum to the relevance of that attention layer's output.
-
-    ``pooling="l1"``/``"l2"`` (saliency): ``r = |∂f/∂z|``, ``head_token_scores = ‖∂f/∂z_{p,h}‖``
-    over ``d_head`` and ``head_scores = ‖∂f/∂z_h‖`` over ``(pos, d_head)`` together — the
-    gradient-norm head importance of the decomposition paper (a norm, not a sum of token norms).
-
-    Returns ``head_scores [batch, layer, head]``, ``head_token_scores [batch, layer, head, pos]``
-    and ``parts["head_dim_relevance"] [batch, layer, head, pos, d_head]`` (``r``, unpooled;
-    zero at padding).
-    """
-    z = torch.stack(list(zs), dim=1)
-    g = torch.stack(list(grads), dim=1)
-    keep = mask.to(g.device)[:, None, :, None, None].to(g.dtype)
-    r = (z * g if pooling == "grad_x_input" else g.abs()) * keep
-    r = einops.rearrange(r, "batch layer pos head d -> batch layer head pos d")
-    if pooling == "grad_x_input":
-        token = r.sum(-1)
-        total = token.sum(-1)
-    elif pooling == "l1":
-        token = r.sum(-1)
-        total = token.sum(-1)
-    elif pooling == "l2":
-        token = r.pow(2).sum(-1).sqrt()
-        total = r.pow(2).sum((-2, -1)).sqrt()
-    else:
-        raise ValueError(f"pooling must be 'grad_x_input', 'l1' or 'l2', got {pooling!r}")
-    return {
-        "head_scores": total.detach().cpu(),
-        "head_token_scores": token.detach().cpu(),
-        "parts": {"head_dim_relevance": r.detach().cpu()},
-    }
-
-
-def _broadcast(x: Tensor, like: Tensor) -> Tensor:
-    return x.expand_as(like) if x.shape != like.shape else x
-
-
-def grad_x_input_scores(xs: Sequence[Tensor], grads: Sequence[Tensor]) -> Tensor:
-    """``Σ_k Σ_d x^k ⊙ g^k`` over embedding components ``k``: ``[batch, pos]``."""
-    scores = sum(((_broadcast(x, g) * g).sum(-1) for x, g in zip(xs, grads)), start=torch.zeros(()))
-    assert isinstance(scores, Tensor)
-    return scores
-
-
-@register("gradient", uses_gradient=True)
+@register(
+    "gradient",
+    label="Gradient (ℓ2)",
+    uses_gradient=True,
+    head_relevances=True,
+    options={
+        "norm": Option("l2", choices=("l1", "l2")),
+        "embeddings": EMBEDDING_OPTION,
+        "heads": HEADS_OPTION,
+    },
+)
 def gradient(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    norm: str = "l2",
-    embeddings: str = "full",
-    heads: bool = False,
-) -> Attribution:
+    model: Any, batch: Batch, target: Target, *, norm: str, embeddings: str, heads: bool
+) -> MethodOutput:
     """Saliency: ``R_i = ‖∂f/∂e_i‖_p`` over ``d_model`` (``norm="l1"`` or ``"l2"``).
 
     The gradient of the summed embedding: with ``embeddings="full"`` the gradients at the
     token and positional embeddings are equal, so one of them is read.
 
     ``heads=True``: per-head gradient norms at ``attn.hook_z`` with the same ``norm``
-    (see :func:`head_relevances`; ``head_dim_relevance = |∂f/∂z|``).
+    (see :func:`~lens_attrib.methods.backprop.head_relevances`; ``head_dim_relevance = |∂f/∂z|``).
     """
-    if norm not in ("l1", "l2"):
-        raise ValueError(f"norm must be 'l1' or 'l2', got {norm!r}")
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    names = embedding_hooks(model, "partial") + (head_hooks(model) if heads else [])
-    with grad_context(model):
-        xs, grads, result = gradients_at(model, batch, target, names)
+    names = embedding_hooks(batch.arch, "partial")
+    names += head_output_hooks(batch.arch) if heads else []
+    xs, grads, result = gradients_at(model, batch, target, names)
     g: Float[Tensor, "batch pos d"] = grads[0]
     scores = g.abs().sum(-1) if norm == "l1" else g.norm(dim=-1)
-    check_finite("gradient", scores)
     fields = head_relevances(xs[1:], grads[1:], batch.mask, norm) if heads else {}
-    return make_attribution(
-        model,
-        batch,
-        result.resolved,
-        "gradient",
-        scores,
-        started=started,
-        options={"norm": norm, "embeddings": embeddings, "heads": heads},
-        **fields,
-    )
+    return MethodOutput(scores, result.resolved, **fields)
 
 
-@register("grad_x_input", uses_gradient=True)
+@register(
+    "grad_x_input",
+    label="Gradient×Input",
+    uses_gradient=True,
+    head_relevances=True,
+    options={"embeddings": EMBEDDING_OPTION, "heads": HEADS_OPTION},
+)
 def grad_x_input(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    embeddings: str = "full",
-    heads: bool = False,
-) -> Attribution:
-    """Gradient×Input: ``R_i = Σ_k Σ_d e^k_{i,d} ∂f/∂e^k_{i,d}`` (signed).
+    model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool
+) -> MethodOutput:
+    """Gradient×Input: ``R_i = Σ_k Σ_d e^k_{i,d} ∂f/∂e^k_{i,d}`` (signed; Shrikumar et al. 2016).
 
-    ``heads=True``: per-head ``z ⊙ ∂f/∂z`` at ``attn.hook_z`` (see :func:`head_relevances`).
+    ``heads=True``: per-head ``z ⊙ ∂f/∂z`` at ``attn.hook_z`` (see
+    :func:`~lens_attrib.methods.backprop.head_relevances`).
     """
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    emb = embedding_hooks(model, embeddings)
-    names = emb + (head_hooks(model) if heads else [])
-    with grad_context(model):
-        xs, grads, result = gradients_at(model, batch, target, names)
+    emb = embedding_hooks(batch.arch, embeddings)
+    names = emb + (head_output_hooks(batch.arch) if heads else [])
+    xs, grads, result = gradients_at(model, batch, target, names)
     n = len(emb)
     scores = grad_x_input_scores(xs[:n], grads[:n])
-    check_finite("grad_x_input", scores)
     fields = head_relevances(xs[n:], grads[n:], batch.mask) if heads else {}
-    return make_attribution(
-        model,
-        batch,
-        result.resolved,
-        "grad_x_input",
-        scores,
-        started=started,
-        options={"embeddings": embeddings, "heads": heads},
-        meta={"explained_value": result.value.detach().cpu()},
-        **fields,
+    assert result.value is not None
+    return MethodOutput(
+        scores, result.resolved, meta={"explained_value": result.value.detach().cpu()}, **fields
     )
 
 
@@ -225,7 +134,7 @@ def quadrature(n_steps: int, rule: str = "trapezoid") -> tuple[list[float], list
     return alphas, [1.0 / n_steps] * n_steps
 
 
-def zero_start(model: Any, embeddings: str) -> bool:
+def zero_start(arch: Arch, embeddings: str) -> bool:
     """Whether the zero baseline makes the first block's input exactly zero.
 
     True when every embedding component is on the path (``"full"``) or when the model adds no
@@ -233,10 +142,7 @@ def zero_start(model: Any, embeddings: str) -> bool:
     """
     if embeddings == "full":
         return True
-    return not is_encoder(model) and model.cfg.positional_embedding_type not in (
-        "standard",
-        "shortformer",
-    )
+    return not arch.learned_positions
 
 
 def default_baseline(model: Any, embeddings: str = "partial") -> str:
@@ -244,12 +150,8 @@ def default_baseline(model: Any, embeddings: str = "partial") -> str:
 
     See :func:`integrated_gradients` for why a zero input is a degenerate baseline.
     """
-    return "pad" if zero_start(model, embeddings) else "zero"
-
-
-def _token_embedding_matrix(model: Any) -> Tensor:
-    embed = model.embed.embed if is_encoder(model) else model.embed
-    return embed.W_E  # type: ignore[no-any-return]
+    arch = model if isinstance(model, Arch) else arch_of(model)
+    return "pad" if zero_start(arch, embeddings) else "zero"
 
 
 def _special_id(model: Any, kind: str) -> int:
@@ -273,6 +175,7 @@ def sink_positions(batch: Batch) -> Tensor:
 
 def embedding_baselines(
     model: Any,
+    arch: Arch,
     names: Sequence[str],
     xs: Sequence[Tensor],
     baseline: str | Tensor,
@@ -291,10 +194,10 @@ def embedding_baselines(
     elif baseline == "zero":
         base = torch.zeros_like(token)
     elif baseline in ("pad", "bos"):
-        row = _token_embedding_matrix(model)[_special_id(model, baseline)]
+        row = token_embedding_matrix(model, arch)[_special_id(model, baseline)]
         base = row.to(token.dtype).expand_as(token).clone()
     elif baseline == "mean":
-        base = _token_embedding_matrix(model).mean(0).to(token.dtype).expand_as(token).clone()
+        base = token_embedding_matrix(model, arch).mean(0).to(token.dtype).expand_as(token).clone()
     else:
         raise ValueError(f"baseline must be one of {BASELINES} or a tensor, got {baseline!r}")
     if keep is not None and not isinstance(baseline, Tensor):
@@ -320,7 +223,7 @@ def _interpolation_hook(start: Tensor, delta: Tensor, alphas: Tensor, store: lis
 def _value_at(
     model: Any,
     batch: Batch,
-    resolved: Any,
+    resolved: ResolvedTarget,
     head: Any,
     hooks: FwdHooks,
     repeats: int,
@@ -329,25 +232,42 @@ def _value_at(
     index = torch.arange(batch.size).repeat(repeats)
     big = batch.select(index)
     with model.hooks(fwd_hooks=list(hooks)):
-        resid = final_residual(model, big)
+        resid = resid_of(model, big)
     target = resolved.index(index.to(resolved.positions.device))
     rows = resid[torch.arange(big.size, device=resid.device), target.positions]
     return target.select(head(rows))
 
 
-@register("integrated_gradients", uses_gradient=True)
+def _baseline_check(value: Any) -> str | None:
+    ok = value is None or isinstance(value, Tensor) or value in BASELINES
+    return None if ok else f"one of {list(BASELINES)}, a tensor, or None (the default)"
+
+
+@register(
+    "integrated_gradients",
+    label="Integrated Gradients",
+    uses_gradient=True,
+    options={
+        "n_steps": Option(50, check=positive_int),
+        "baseline": Option(None, check=_baseline_check),
+        "rule": Option("trapezoid", choices=RULES),
+        "embeddings": Option("partial", choices=EMBEDDINGS),
+        "step_batch": Option(None, check=positive_int_or_none),
+        "keep_sink": Option(True, check=is_bool),
+    },
+)
 def integrated_gradients(
     model: Any,
-    inputs: Any,
-    target: Target | None = None,
+    batch: Batch,
+    target: Target,
     *,
-    n_steps: int = 50,
-    baseline: str | Tensor | None = None,
-    rule: str = "trapezoid",
-    embeddings: str = "partial",
-    step_batch: int | None = None,
-    keep_sink: bool = True,
-) -> Attribution:
+    n_steps: int,
+    baseline: str | Tensor | None,
+    rule: str,
+    embeddings: str,
+    step_batch: int | None,
+    keep_sink: bool,
+) -> MethodOutput:
     """Integrated Gradients (Sundararajan et al. 2017) over the input embeddings.
 
     ``R_i = Σ_k Σ_d (e^k − b^k)_{i,d} · Σ_s w_s ∂f/∂e^k_{i,d}(b + α_s (e − b))`` with the
@@ -382,75 +302,62 @@ def integrated_gradients(
     The target token (default: the prediction on the real input) is fixed before integrating.
     Steps run batched, ``step_batch`` interpolation points per forward (default: a memory budget).
     """
-    started = time.perf_counter()
     alphas_list, weights_list = quadrature(n_steps, rule)
+    arch = batch.arch
     baseline_used: str | Tensor = (
-        default_baseline(model, embeddings) if baseline is None else baseline
+        default_baseline(arch, embeddings) if baseline is None else baseline
     )
-    batch, target = prepare(model, inputs, target)
-    names = embedding_hooks(model, embeddings)
-    with grad_context(model):
-        with torch.no_grad():
-            real = hooked_forward(model, batch, target, capture=names)
-        xs = [real.captured[n].detach() for n in names]
-        resolved = real.resolved
-        keep = sink_positions(batch) if keep_sink else None
-        bases = embedding_baselines(model, names, xs, baseline_used, keep)
-        xs = [x.expand_as(b) if x.shape != b.shape else x for x, b in zip(xs, bases)]
-        deltas = [x - b for x, b in zip(xs, bases)]
-        head = target.head_fn(model)
-        with torch.no_grad():
-            zero_alpha = torch.zeros(batch.size, dtype=xs[0].dtype, device=xs[0].device)
-            hooks0 = [
-                (n, _interpolation_hook(b, d, zero_alpha, []))
-                for n, b, d in zip(names, bases, deltas)
-            ]
-            base_value = _value_at(model, batch, resolved, head, hooks0, 1)
-        tokens, pairs = batch.size * batch.length, batch.size * batch.length**2
-        per_step = step_batch or max(1, min(n_steps, 2**12 // tokens, 2**19 // pairs))
-        total = [torch.zeros_like(x) for x in xs]
-        for start in range(0, n_steps, per_step):
-            a = torch.tensor(alphas_list[start : start + per_step], dtype=xs[0].dtype)
-            w = torch.tensor(weights_list[start : start + per_step], dtype=xs[0].dtype)
-            k = a.shape[0]
-            a_rows = a.repeat_interleave(batch.size).to(xs[0].device)
-            stores: list[list[Tensor]] = [[] for _ in names]
-            hooks = [
-                (n, _interpolation_hook(b, d, a_rows, st))
-                for n, b, d, st in zip(names, bases, deltas, stores)
-            ]
-            value = _value_at(model, batch, resolved, head, hooks, k)
-            leaves = [st[0] for st in stores]
-            grads = torch.autograd.grad(value.sum(), leaves, allow_unused=True)
-            for i, g in enumerate(grads):
-                if g is None:
-                    continue
-                g = g.reshape(k, batch.size, *g.shape[1:])
-                total[i] += torch.einsum("k,kbpd->bpd", w.to(g.device), g.detach())
+    names = embedding_hooks(arch, embeddings)
+    with torch.no_grad():
+        real = run(model, batch, target, capture=names)
+    assert real.value is not None
+    xs = [real.captured[n].detach() for n in names]
+    resolved = real.resolved
+    keep = sink_positions(batch) if keep_sink else None
+    bases = embedding_baselines(model, arch, names, xs, baseline_used, keep)
+    xs = [x.expand_as(b) if x.shape != b.shape else x for x, b in zip(xs, bases)]
+    deltas = [x - b for x, b in zip(xs, bases)]
+    head = target.head_fn(model)
+    with torch.no_grad():
+        zero_alpha = torch.zeros(batch.size, dtype=xs[0].dtype, device=xs[0].device)
+        hooks0 = [
+            (n, _interpolation_hook(b, d, zero_alpha, [])) for n, b, d in zip(names, bases, deltas)
+        ]
+        base_value = _value_at(model, batch, resolved, head, hooks0, 1)
+    tokens, pairs = batch.size * batch.length, batch.size * batch.length**2
+    per_step = step_batch or max(1, min(n_steps, 2**12 // tokens, 2**19 // pairs))
+    total = [torch.zeros_like(x) for x in xs]
+    for start in range(0, n_steps, per_step):
+        a = torch.tensor(alphas_list[start : start + per_step], dtype=xs[0].dtype)
+        w = torch.tensor(weights_list[start : start + per_step], dtype=xs[0].dtype)
+        k = a.shape[0]
+        a_rows = a.repeat_interleave(batch.size).to(xs[0].device)
+        stores: list[list[Tensor]] = [[] for _ in names]
+        hooks = [
+            (n, _interpolation_hook(b, d, a_rows, st))
+            for n, b, d, st in zip(names, bases, deltas, stores)
+        ]
+        value = _value_at(model, batch, resolved, head, hooks, k)
+        leaves = [st[0] for st in stores]
+        grads = torch.autograd.grad(value.sum(), leaves, allow_unused=True)
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            g = g.reshape(k, batch.size, *g.shape[1:])
+            total[i] += torch.einsum("k,kbpd->bpd", w.to(g.device), g.detach())
     scores = grad_x_input_scores(deltas, total)
-    check_finite("integrated_gradients", scores)
     scores = scores.masked_fill(~batch.mask.to(scores.device), 0.0)
-    value = real.value.detach()
+    explained = real.value.detach()
     relevance_sum = scores.sum(-1)
-    return make_attribution(
-        model,
-        batch,
-        resolved,
-        "integrated_gradients",
+    return MethodOutput(
         scores,
-        started=started,
-        options={
-            "n_steps": n_steps,
-            "baseline": baseline_used if isinstance(baseline_used, str) else "tensor",
-            "rule": rule,
-            "embeddings": embeddings,
-            "keep_sink": keep_sink,
-        },
+        resolved,
+        options={"baseline": baseline_used if isinstance(baseline_used, str) else "tensor"},
         meta={
-            "explained_value": value.cpu(),
+            "explained_value": explained.cpu(),
             "baseline_value": base_value.detach().cpu(),
             "relevance_sum": relevance_sum.cpu(),
-            "completeness_gap": (value - base_value - relevance_sum).detach().cpu(),
+            "completeness_gap": (explained - base_value - relevance_sum).detach().cpu(),
             "step_batch": per_step,
         },
     )

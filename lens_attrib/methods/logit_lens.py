@@ -27,7 +27,6 @@ residuals are kept until the label is known. No backward pass: everything runs u
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,57 +35,21 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_attrib.attribution import Attribution
-from lens_attrib.hooks.guard import model_guard
-from lens_attrib.inputs import Batch
-from lens_attrib.methods.common import (
-    check_finite,
-    embedding_hooks,
-    make_attribution,
-    prepare,
+from lens_attrib.backend import (
+    EMBEDDINGS,
+    embedded_input_hooks,
+    embedding_forward,
+    pre_unembed,
+    resid_hook_names,
+    unembedding,
 )
-from lens_attrib.methods.registry import register
-from lens_attrib.models import is_encoder
-from lens_attrib.target import ResolvedTarget, Target, TargetError, token_ids_of
+from lens_attrib.errors import TargetError
+from lens_attrib.forward import resid_of, target_rows
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.registry import MethodOutput, Option, is_bool, register
+from lens_attrib.target import ResolvedTarget, Target, token_ids_of
 
 Rows = Callable[[Tensor], Tensor]
-
-
-def resid_hook_names(model: Any) -> list[str]:
-    """The residual stream after every block (what the next block, or the head, reads)."""
-    leaf = "hook_normalized_resid_post" if is_encoder(model) else "hook_resid_post"
-    return [f"blocks.{layer}.{leaf}" for layer in range(model.cfg.n_layers)]
-
-
-def embed_norm_hooks(model: Any, embeddings: str = "full") -> list[str]:
-    """Hooks whose sum is ``x⁰`` for :func:`embed_norm` (encoders: after the embedding LN)."""
-    if embeddings not in ("full", "partial"):
-        raise ValueError(f"embeddings must be 'full' or 'partial', got {embeddings!r}")
-    if is_encoder(model):
-        return ["hook_full_embed"] if embeddings == "full" else ["embed.hook_embed"]
-    return embedding_hooks(model, embeddings)
-
-
-def _pre_unembed(model: Any) -> Rows:
-    """The part of the default head before ``unembed`` (``ln_final`` or the MLM head)."""
-    if is_encoder(model):
-        return model.mlm_head  # type: ignore[no-any-return]
-    ln = getattr(model, "ln_final", None)
-    return ln if ln is not None else (lambda x: x)
-
-
-def _embedding_forward(model: Any, batch: Batch) -> None:
-    """Run only the embedding (hooks on it fire)."""
-    if is_encoder(model):
-        model.hook_full_embed(model.embed(batch.tokens))
-    else:
-        model(batch.tokens, stop_at_layer=0, **batch.model_kwargs())
-
-
-def _full_forward(model: Any, batch: Batch) -> Tensor:
-    if is_encoder(model):
-        return model.encoder_output(batch.tokens, None, batch.mask.long())  # type: ignore[no-any-return]
-    return model(batch.tokens, stop_at_layer=model.cfg.n_layers, **batch.model_kwargs())  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -117,8 +80,8 @@ class _LabelReader:
             self.mode = "store"
         else:
             self.mode = "columns"
-            self.pre = _pre_unembed(model)
-            w_u, b_u = model.unembed.W_U, model.unembed.b_U
+            self.pre = pre_unembed(model, batch.arch)
+            w_u, b_u = unembedding(model)
             n_out = int(w_u.shape[-1])
             ids = token_ids_of(model, target.token, batch.size, n_out, "token").to(w_u.device)
             self.direction = w_u[:, ids].T  # [batch, d]
@@ -140,6 +103,13 @@ class _LabelReader:
             self.out.append(x)
 
 
+def _sum_norm(parts: list[Tensor]) -> Tensor:
+    total = parts[0]
+    for e in parts[1:]:
+        total = total + e
+    return total.norm(dim=-1)
+
+
 def read_layers(
     model: Any,
     batch: Batch,
@@ -150,113 +120,65 @@ def read_layers(
 ) -> LensReading:
     """One forward pass: the label reading of every layer and position, and ``‖x⁰_i‖``.
 
-    Must run inside ``model_guard``; builds no autograd graph.
+    Must run inside the model guard without autograd (the registry's wrapper does so).
     """
     reader = _LabelReader(model, batch, target, full_logits)
-    emb_names = embed_norm_hooks(model, embeddings) if embeddings is not None else []
+    emb_names = embedded_input_hooks(batch.arch, embeddings) if embeddings is not None else []
     emb: list[Tensor] = []
     hooks: list[tuple[str, Any]] = [(n, lambda x, hook: emb.append(x)) for n in emb_names]
-    hooks += [(n, reader.hook) for n in resid_hook_names(model)]
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        final = _full_forward(model, batch)
-        positions = target.positions(batch)
-        items = torch.arange(batch.size, device=final.device)
-        head_out = reader.head(final[items, positions])
-        resolved = target.resolve(model, batch, head_out)
-        logits = None
-        if reader.mode == "columns":
-            layers = torch.stack(reader.out, dim=1)
-        else:
-            if reader.mode == "store":
-                pre = _pre_unembed(model)
-                w_u, b_u = model.unembed.W_U, model.unembed.b_U
-                if full_logits:
-                    outs = [pre(x) @ w_u + b_u for x in reader.out]
-                    logits = torch.stack(outs, dim=1)
-                    reader.out = outs
-                else:
-                    direction = resolved.direction(w_u)
-                    bias = b_u[resolved.token_ids]
-                    if resolved.foil_ids is not None:
-                        bias = bias - b_u[resolved.foil_ids]
-                    layers = torch.stack(
-                        [
-                            torch.einsum("btd,bd->bt", pre(x), direction) + bias[:, None]
-                            for x in reader.out
-                        ],
-                        dim=1,
-                    )
-            if reader.mode == "head" or full_logits:
-                stacked = torch.stack(reader.out, dim=1)  # [batch, layer, pos, n_out]
-                if reader.mode == "head" and full_logits:
-                    logits = stacked
-                if resolved.regression:
-                    own = stacked[items, :, resolved.positions, 0]  # [batch, layer]
-                    layers = (stacked[..., 0] - own[:, :, None]).abs()
-                else:
-                    idx = resolved.token_ids[:, None, None, None].expand(-1, *stacked.shape[1:3], 1)
-                    layers = stacked.gather(-1, idx)[..., 0]
-                    if resolved.foil_ids is not None:
-                        fidx = resolved.foil_ids[:, None, None, None].expand_as(idx)
-                        layers = layers - stacked.gather(-1, fidx)[..., 0]
-        norm = None
-        if emb_names:
-            total = emb[0]
-            for e in emb[1:]:
-                total = total + e
-            norm = total.norm(dim=-1)
+    hooks += [(n, reader.hook) for n in resid_hook_names(batch.arch)]
+    with model.hooks(fwd_hooks=hooks):
+        final = resid_of(model, batch)
+    positions = target.positions(batch)
+    items = torch.arange(batch.size, device=final.device)
+    head_out = reader.head(final[items, positions])
+    resolved = target.resolve(model, batch, head_out)
+    logits = None
+    if reader.mode == "columns":
+        layers = torch.stack(reader.out, dim=1)
+    else:
+        if reader.mode == "store":
+            pre = pre_unembed(model, batch.arch)
+            w_u, b_u = unembedding(model)
+            if full_logits:
+                outs = [pre(x) @ w_u + b_u for x in reader.out]
+                logits = torch.stack(outs, dim=1)
+                reader.out = outs
+            else:
+                direction = resolved.direction(w_u)
+                bias = b_u[resolved.token_ids]
+                if resolved.foil_ids is not None:
+                    bias = bias - b_u[resolved.foil_ids]
+                layers = torch.stack(
+                    [
+                        torch.einsum("btd,bd->bt", pre(x), direction) + bias[:, None]
+                        for x in reader.out
+                    ],
+                    dim=1,
+                )
+        if reader.mode == "head" or full_logits:
+            stacked = torch.stack(reader.out, dim=1)  # [batch, layer, pos, n_out]
+            if reader.mode == "head" and full_logits:
+                logits = stacked
+            if resolved.regression:
+                own = stacked[items, :, resolved.positions, 0]  # [batch, layer]
+                layers = (stacked[..., 0] - own[:, :, None]).abs()
+            else:
+                layers = resolved.select_grid(stacked)
+    norm = _sum_norm(emb) if emb_names else None
     return LensReading(layers, resolved, norm, logits)
 
 
 def _embedding_norm_only(model: Any, batch: Batch, embeddings: str) -> Tensor:
-    names = embed_norm_hooks(model, embeddings)
+    names = embedded_input_hooks(batch.arch, embeddings)
     store: list[Tensor] = []
-    with (
-        torch.no_grad(),
-        model.hooks(fwd_hooks=[(n, lambda x, hook: store.append(x)) for n in names]),
-    ):
-        _embedding_forward(model, batch)
-    total = store[0]
-    for e in store[1:]:
-        total = total + e
-    return total.norm(dim=-1)
+    with model.hooks(fwd_hooks=[(n, lambda x, hook: store.append(x)) for n in names]):
+        embedding_forward(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+    return _sum_norm(store)
 
 
 def _mask_layers(layers: Tensor, batch: Batch) -> Tensor:
     return layers.masked_fill(~batch.mask[:, None, :].to(layers.device), 0.0)
-
-
-@register("embed_norm")
-def embed_norm(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    embeddings: str = "full",
-) -> Attribution:
-    """``R_i = ‖x⁰_i‖₂`` (token + positional embedding; ``"partial"``: token only).
-
-    Encoders: the embedding after its LayerNorm (``hook_full_embed``) for ``"full"``. The scores
-    need no head; the target is still resolved so that evaluations know what is explained (one
-    forward to the target rows when it is the prediction). A model without any head gets a
-    label-less record (``meta["no_label"]``).
-    """
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    with model_guard(model):
-        norms = _embedding_norm_only(model, batch, embeddings)
-        resolved, labelled = _label_only(model, batch, target)
-    check_finite("embed_norm", norms)
-    return make_attribution(
-        model,
-        batch,
-        resolved,
-        "embed_norm",
-        norms,
-        started=started,
-        options={"embeddings": embeddings},
-        meta={} if labelled else {"target_tokens": None, "no_label": True},
-    )
 
 
 def _label_only(model: Any, batch: Batch, target: Target) -> tuple[ResolvedTarget, bool]:
@@ -273,82 +195,82 @@ def _label_only(model: Any, batch: Batch, target: Target) -> tuple[ResolvedTarge
         zeros = torch.zeros(batch.size, dtype=torch.long, device=positions.device)
         return ResolvedTarget(positions, zeros, None, True), False
     if target.token is not None and target.head is None and not target.regression:
-        n_out = int(model.unembed.W_U.shape[-1])
+        n_out = int(unembedding(model)[0].shape[-1])
         head_out = torch.zeros(batch.size, n_out, device=batch.tokens.device)
         return target.resolve(model, batch, head_out), True
-    with torch.no_grad():
-        final = _full_forward(model, batch)
-        rows = final[torch.arange(batch.size, device=final.device), target.positions(batch)]
-        return target.resolve(model, batch, head(rows)), True
+    final = resid_of(model, batch)
+    return target.resolve(model, batch, head(target_rows(final, target.positions(batch)))), True
+
+
+EMBEDDING_OPTION = Option("full", choices=EMBEDDINGS, help="'full': token + positional")
+FULL_LOGITS_OPTION = Option(False, check=is_bool, help="also every layer's full head output")
+
+
+@register(
+    "embed_norm",
+    label="Embedding ℓ2",
+    target_free=True,
+    needs_head=False,
+    options={"embeddings": EMBEDDING_OPTION},
+)
+def embed_norm(model: Any, batch: Batch, target: Target, *, embeddings: str) -> MethodOutput:
+    """``R_i = ‖x⁰_i‖₂`` (token + positional embedding; ``"partial"``: token only).
+
+    Encoders: the embedding after its LayerNorm (``hook_full_embed``) for ``"full"``. The scores
+    need no head; the target is still resolved so that evaluations know what is explained (one
+    forward to the target rows when it is the prediction). A model without any head gets a
+    label-less record (``meta["no_label"]``).
+    """
+    norms = _embedding_norm_only(model, batch, embeddings)
+    resolved, labelled = _label_only(model, batch, target)
+    meta: dict[str, Any] = {} if labelled else {"target_tokens": None, "no_label": True}
+    return MethodOutput(norms, resolved, meta=meta)
 
 
 def _lens(
-    model: Any,
-    inputs: Any,
-    target: Target | None,
-    method: str,
-    embeddings: str | None,
-    full_logits: bool,
-) -> Attribution:
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    with model_guard(model):
-        reading = read_layers(model, batch, target, embeddings=embeddings, full_logits=full_logits)
+    model: Any, batch: Batch, target: Target, embeddings: str | None, full_logits: bool
+) -> MethodOutput:
+    reading = read_layers(model, batch, target, embeddings=embeddings, full_logits=full_logits)
     layers = reading.layers
     if reading.embed_norm is not None:
         layers = layers * reading.embed_norm[:, None, :]
     layers = _mask_layers(layers, batch)
-    check_finite(method, layers)
     parts: dict[str, Tensor] = {}
     if reading.embed_norm is not None:
         parts["embed_norm"] = reading.embed_norm.masked_fill(~batch.mask, 0.0)
         parts["logat"] = _mask_layers(reading.layers, batch)[:, -1]
     if reading.full_logits is not None:
         parts["layer_logits"] = reading.full_logits
-    options: dict[str, Any] = {"full_logits": full_logits}
-    if embeddings is not None:
-        options["embeddings"] = embeddings
-    return make_attribution(
-        model,
-        batch,
-        reading.resolved,
-        method,
+    return MethodOutput(
         layers[:, -1],
-        started=started,
-        options=options,
+        reading.resolved,
         layer_scores=layers,
         parts=parts,
-        meta={"layers": list(range(model.cfg.n_layers)), "hooks": resid_hook_names(model)},
+        meta={"hooks": resid_hook_names(batch.arch)},
     )
 
 
-@register("logat", per_layer=True)
-def logat(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    full_logits: bool = False,
-) -> Attribution:
+@register("logat", label="LogAt", per_layer=True, options={"full_logits": FULL_LOGITS_OPTION})
+def logat(model: Any, batch: Batch, target: Target, *, full_logits: bool) -> MethodOutput:
     """LogAt: the head-on-top at every position and layer, read at the label (module docstring).
 
     ``full_logits=True`` also returns the head's full output at every layer and position in
     ``parts["layer_logits"]`` ``[batch, layer, pos, n_out]`` (memory ``∝ d_vocab``).
     """
-    return _lens(model, inputs, target, "logat", None, full_logits)
+    return _lens(model, batch, target, None, full_logits)
 
 
-@register("normxlogit", per_layer=True)
+@register(
+    "normxlogit",
+    label="NormXLogit",
+    per_layer=True,
+    options={"embeddings": EMBEDDING_OPTION, "full_logits": FULL_LOGITS_OPTION},
+)
 def normxlogit(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    embeddings: str = "full",
-    full_logits: bool = False,
-) -> Attribution:
+    model: Any, batch: Batch, target: Target, *, embeddings: str, full_logits: bool
+) -> MethodOutput:
     """NormXLogit: ``R^l_i = ‖x⁰_i‖₂ · LogAt^l_i`` (``parts``: ``embed_norm``, final ``logat``)."""
-    return _lens(model, inputs, target, "normxlogit", embeddings, full_logits)
+    return _lens(model, batch, target, embeddings, full_logits)
 
 
-__all__ = ["LensReading", "embed_norm", "logat", "normxlogit", "read_layers", "resid_hook_names"]
+__all__ = ["LensReading", "embed_norm", "logat", "normxlogit", "read_layers"]

@@ -25,73 +25,49 @@ same backward pass (see :func:`lens_attrib.methods.gradient.head_relevances`).
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Any
 
 import torch
 
-from lens_attrib.attribution import Attribution
+from lens_attrib.backend import embedding_hooks, head_output_hooks
 from lens_attrib.hooks.lrp import lrp_hooks, mlm_head_patch
-from lens_attrib.methods.common import (
-    check_finite,
-    embedding_hooks,
-    grad_context,
-    make_attribution,
-    prepare,
-)
-from lens_attrib.methods.gradient import (
-    grad_x_input_scores,
-    gradients_at,
-    head_hooks,
-    head_relevances,
-)
-from lens_attrib.methods.registry import register
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at, head_relevances
+from lens_attrib.methods.gradient import EMBEDDING_OPTION, HEADS_OPTION
+from lens_attrib.methods.registry import MethodOutput, register
 from lens_attrib.target import Target
 
 
-def _warn_low_precision(model: Any, method: str) -> None:
-    dtype = next(model.parameters()).dtype
-    if dtype in (torch.bfloat16, torch.float16):
+def _warn_low_precision(batch: Batch, method: str) -> None:
+    if batch.arch.dtype in (torch.bfloat16, torch.float16):
         warnings.warn(
-            f"{method} in {dtype}: relevances are computed in this precision and conservation "
-            "(Σ R = f) degrades to a few percent; use float32 or float64 for exact conservation.",
-            stacklevel=3,
+            f"{method} in {batch.arch.dtype}: relevances are computed in this precision and "
+            "conservation (Σ R = f) degrades to a few percent; use float32 or float64 for exact "
+            "conservation.",
+            stacklevel=4,
         )
 
 
 def lrpx(
-    model: Any,
-    inputs: Any,
-    target: Target | None,
-    variant: str,
-    *,
-    embeddings: str = "full",
-    heads: bool = False,
-) -> Attribution:
+    model: Any, batch: Batch, target: Target, variant: str, *, embeddings: str, heads: bool
+) -> MethodOutput:
     """Shared body of ``lrp`` and ``attnlrp``: patched forward, one backward, grad × input."""
-    started = time.perf_counter()
-    _warn_low_precision(model, variant)
-    batch, target = prepare(model, inputs, target)
-    emb = embedding_hooks(model, embeddings)
-    names = emb + (head_hooks(model) if heads else [])
-    with grad_context(model), mlm_head_patch(model):
+    _warn_low_precision(batch, variant)
+    emb = embedding_hooks(batch.arch, embeddings)
+    names = emb + (head_output_hooks(batch.arch) if heads else [])
+    with mlm_head_patch(model):
         xs, grads, result = gradients_at(model, batch, target, names, lrp_hooks(model, variant))
     n = len(emb)
     scores = grad_x_input_scores(xs[:n], grads[:n])
-    check_finite(variant, scores)
     scores = scores.masked_fill(~batch.mask.to(scores.device), 0.0)
+    assert result.value is not None
     value = result.value.detach()
     relevance_sum = scores.sum(-1)
     fields = head_relevances(xs[n:], grads[n:], batch.mask) if heads else {}
-    return make_attribution(
-        model,
-        batch,
-        result.resolved,
-        variant,
+    return MethodOutput(
         scores,
-        started=started,
-        options={"embeddings": embeddings, "heads": heads},
+        result.resolved,
         meta={
             "explained_value": value.cpu(),
             "relevance_sum": relevance_sum.cpu(),
@@ -101,35 +77,28 @@ def lrpx(
     )
 
 
-@register("lrp", uses_gradient=True)
-def lrp(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    embeddings: str = "full",
-    heads: bool = False,
-) -> Attribution:
+LRPX_OPTIONS = {"embeddings": EMBEDDING_OPTION, "heads": HEADS_OPTION}
+
+
+@register("lrp", label="LRP", uses_gradient=True, head_relevances=True, options=LRPX_OPTIONS)
+def lrp(model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool) -> MethodOutput:
     """CP-LRP (Ali et al. 2022) as patched Gradient×Input; see the module docstring.
 
     embeddings: ``"full"`` (token + positional [+ token-type]) or ``"partial"`` (token only).
     heads:      also per-head relevances ``z ⊙ ∂̃f/∂z`` at ``attn.hook_z``.
     """
-    return lrpx(model, inputs, target, "lrp", embeddings=embeddings, heads=heads)
+    return lrpx(model, batch, target, "lrp", embeddings=embeddings, heads=heads)
 
 
-@register("attnlrp", uses_gradient=True)
+@register(
+    "attnlrp", label="AttnLRP", uses_gradient=True, head_relevances=True, options=LRPX_OPTIONS
+)
 def attnlrp(
-    model: Any,
-    inputs: Any,
-    target: Target | None = None,
-    *,
-    embeddings: str = "full",
-    heads: bool = False,
-) -> Attribution:
+    model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool
+) -> MethodOutput:
     """AttnLRP (Achtibat et al. 2024) as patched Gradient×Input; see the module docstring.
 
     embeddings: ``"full"`` (token + positional [+ token-type]) or ``"partial"`` (token only).
     heads:      also per-head relevances ``z ⊙ ∂̃f/∂z`` at ``attn.hook_z``.
     """
-    return lrpx(model, inputs, target, "attnlrp", embeddings=embeddings, heads=heads)
+    return lrpx(model, batch, target, "attnlrp", embeddings=embeddings, heads=heads)

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import time
 import zlib
 from typing import Any
 
@@ -20,62 +19,47 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lens_attrib.attribution import Attribution
-from lens_attrib.hooks.guard import model_guard
+from lens_attrib.forward import resid_of, run, target_rows
 from lens_attrib.hooks.masking import value_zeroing_hooks
-from lens_attrib.methods.cached_forward import forward, target_rows
-from lens_attrib.methods.common import check_finite, final_residual, make_attribution, prepare
-from lens_attrib.methods.registry import register
-from lens_attrib.models import is_encoder
+from lens_attrib.inputs import Batch
+from lens_attrib.methods.registry import MethodOutput, Option, positive_int, register
 from lens_attrib.target import Target
 
 
-@register("value_zeroing")
-def value_zeroing(
-    model: Any, inputs: Any, target: Target | None = None, *, batch_size: int = 32
-) -> Attribution:
+@register(
+    "value_zeroing",
+    label="Value Zeroing",
+    target_free=True,
+    needs_head=False,
+    options={"batch_size": Option(32, check=positive_int, help="perturbed copies per forward")},
+)
+def value_zeroing(model: Any, batch: Batch, target: Target, *, batch_size: int) -> MethodOutput:
     """Value zeroing: cosine distance of the target's final residual when token j's values are 0."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    causal = not is_encoder(model)
-    with model_guard(model):
-        clean = forward(model, batch, target)
-        positions = clean.resolved.positions
-        clean_rows = target_rows(clean.resid, positions)
-        pairs = [
-            (b, j)
-            for b in range(batch.size)
-            for j in range(batch.length)
-            if bool(batch.mask[b, j]) and (not causal or j <= int(positions[b]))
-        ]
-        scores = torch.zeros(batch.size, batch.length, dtype=clean_rows.dtype)
-        with torch.no_grad():
-            for start in range(0, len(pairs), batch_size):
-                chunk = pairs[start : start + batch_size]
-                items = torch.tensor([b for b, _ in chunk])
-                sub = batch.select(items)
-                zero = torch.zeros(len(chunk), batch.length, dtype=torch.bool)
-                zero[torch.arange(len(chunk)), torch.tensor([j for _, j in chunk])] = True
-                hooks = value_zeroing_hooks(model.cfg.n_layers, zero.to(batch.tokens.device))
-                with model.hooks(fwd_hooks=hooks):
-                    resid = final_residual(model, sub)
-                rows = target_rows(resid, positions[items.to(positions.device)])
-                dist = 1.0 - F.cosine_similarity(rows, clean_rows[items.to(rows.device)], dim=-1)
-                for (b, j), d in zip(chunk, dist.cpu()):
-                    scores[b, j] = d
-    check_finite("value_zeroing", scores)
-    return make_attribution(
-        model,
-        batch,
-        clean.resolved,
-        "value_zeroing",
-        scores,
-        started=started,
-        options={"batch_size": batch_size},
-        meta={"target_position_only": clean.position_only},
-    )
+    causal = batch.arch.causal
+    clean = run(model, batch, target, position_only_ok=True)
+    positions = clean.resolved.positions
+    clean_rows = target_rows(clean.resid, positions)
+    pairs = [
+        (b, j)
+        for b in range(batch.size)
+        for j in range(batch.length)
+        if bool(batch.mask[b, j]) and (not causal or j <= int(positions[b]))
+    ]
+    scores = torch.zeros(batch.size, batch.length, dtype=clean_rows.dtype)
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        items = torch.tensor([b for b, _ in chunk])
+        sub = batch.select(items)
+        zero = torch.zeros(len(chunk), batch.length, dtype=torch.bool)
+        zero[torch.arange(len(chunk)), torch.tensor([j for _, j in chunk])] = True
+        hooks = value_zeroing_hooks(batch.arch.n_layers, zero.to(batch.tokens.device))
+        with model.hooks(fwd_hooks=hooks):
+            resid = resid_of(model, sub)
+        rows = target_rows(resid, positions[items.to(positions.device)])
+        dist = 1.0 - F.cosine_similarity(rows, clean_rows[items.to(rows.device)], dim=-1)
+        for (b, j), d in zip(chunk, dist.cpu()):
+            scores[b, j] = d
+    return MethodOutput(scores, clean.resolved, meta={"target_position_only": clean.position_only})
 
 
 def item_seed(seed: int, ids: list[int]) -> int:
@@ -83,19 +67,24 @@ def item_seed(seed: int, ids: list[int]) -> int:
     return (seed * 1_000_003 + zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes())) % (2**63)
 
 
-@register("random")
-def random(model: Any, inputs: Any, target: Target | None = None, *, seed: int = 0) -> Attribution:
+def _int_check(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+
+
+@register(
+    "random",
+    label="Random",
+    target_free=True,
+    needs_head=False,
+    options={"seed": Option(0, check=_int_check)},
+)
+def random(model: Any, batch: Batch, target: Target, *, seed: int) -> MethodOutput:
     """Uniform random relevances on real tokens (a chance baseline for evaluations)."""
-    started = time.perf_counter()
-    batch, target = prepare(model, inputs, target)
-    with model_guard(model):
-        clean = forward(model, batch, target)
+    clean = run(model, batch, target, position_only_ok=True)
     scores = torch.zeros(batch.size, batch.length, dtype=torch.float32)
     for b in range(batch.size):
         m = batch.mask[b].cpu()
         ids = batch.tokens[b].cpu()[m].tolist()
         gen = torch.Generator().manual_seed(item_seed(seed, ids))
         scores[b, m] = torch.rand(len(ids), generator=gen)
-    return make_attribution(
-        model, batch, clean.resolved, "random", scores, started=started, options={"seed": seed}
-    )
+    return MethodOutput(scores, clean.resolved)

@@ -1,64 +1,375 @@
-"""The METHODS registry and ``attribute()``, the one entry point that dispatches to a method."""
+"""The method registry: a :class:`MethodSpec` per method, and the wrapper that runs every one.
+
+A method is one *core* function ``core(model, batch, target, **options) -> MethodOutput``
+registered with its spec::
+
+    @register("grad_x_input", label="Gradient×Input", uses_gradient=True,
+              options={"embeddings": Option("full", choices=EMBEDDINGS)})
+    def grad_x_input(model, batch, target, *, embeddings):
+        ...
+        return MethodOutput(scores, forward.resolved)
+
+``register`` returns the public function ``(model, inputs, target=None, *, attention_mask=None,
+**options) -> Attribution``. The wrapper does, for every method alike: option validation (unknown
+names and disallowed values are errors naming the allowed ones), the architecture check (naming
+the method that applies instead), input preparation (strings, ids, masks → :class:`Batch`; the
+default target; generation steps), the model guard and autograd mode, timing, finiteness checks,
+and packaging into an :class:`~lens_attrib.attribution.Attribution`. ``METHODS`` maps names to
+specs (a spec is callable like its public function).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+import functools
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.models import ModelError, is_encoder
-from lens_attrib.target import Target
+from lens_attrib.backend import arch_of, check_applies_to
+from lens_attrib.errors import OptionError, TargetError
+from lens_attrib.forward import grad_context, no_grad_context
+from lens_attrib.inputs import Batch, to_batch
+from lens_attrib.target import ResolvedTarget, Target
 
 
-class MethodFn(Protocol):
+@dataclass(frozen=True)
+class Option:
+    """A method option: its default, and either the allowed values or a check.
+
+    ``check(value)`` returns ``None`` when the value is fine, else a phrase saying what is
+    allowed (e.g. ``"a positive integer"``).
+    """
+
+    default: Any
+    choices: tuple[Any, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+    help: str = ""
+
+    def validate(self, method: str, name: str, value: Any) -> None:
+        if self.choices is not None and not any(
+            value is c or (not isinstance(value, Tensor) and value == c) for c in self.choices
+        ):
+            raise OptionError(
+                f"{method}: {name}={value!r} is not allowed; choose one of {list(self.choices)}."
+            )
+        if self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise OptionError(
+                    f"{method}: {name}={value!r} is not allowed; it must be {problem}."
+                )
+
+
+def positive_int_or_none(value: Any) -> str | None:
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    return None if ok else "a positive integer or None"
+
+
+def positive_int(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return None if ok else "a positive integer"
+
+
+def is_bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "True or False"
+
+
+@dataclass
+class MethodOutput:
+    """What a core function returns (the wrapper packages it into an Attribution).
+
+    ``layers``: the real layer numbers of the rows of ``layer_scores`` (default ``0..L−1``);
+    ``options``: option values the core resolved itself (e.g. a default baseline chosen from the
+    architecture), recorded in ``meta["options"]`` instead of the given ``None``.
+    """
+
+    scores: Tensor
+    resolved: ResolvedTarget
+    layer_scores: Tensor | None = None
+    head_scores: Tensor | None = None
+    head_token_scores: Tensor | None = None
+    parts: dict[str, Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    layers: list[int] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+CoreFn = Callable[..., MethodOutput]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything the library knows about a method besides its core computation.
+
+    decoder/encoder:  where it applies (``instead``: the method to suggest where it does not);
+    per_layer:        fills ``layer_scores``; head_relevances: takes ``heads=True`` and fills
+    ``head_scores``/``head_token_scores``; uses_gradient: runs a backward pass;
+    target_free:      its scores do not depend on the target token or foil (only on the
+    position), so a contrastive label is meaningless for it; needs_head: without a head on top
+    (an encoder without MLM head) it cannot run, otherwise it runs position-only.
+    """
+
+    name: str
+    core: CoreFn
+    label: str
+    summary: str = ""
+    decoder: bool = True
+    encoder: bool = True
+    per_layer: bool = False
+    head_relevances: bool = False
+    uses_gradient: bool = False
+    target_free: bool = False
+    needs_head: bool = True
+    instead: str | None = None
+    options: Mapping[str, Option] = field(default_factory=dict)
+
     def __call__(
-        self, model: Any, inputs: Any, target: Target | None = None, **options: Any
-    ) -> Attribution: ...
+        self,
+        model: Any,
+        inputs: Any,
+        target: Target | None = None,
+        *,
+        attention_mask: Any = None,
+        **options: Any,
+    ) -> Attribution:
+        return run_method(self, model, inputs, target, attention_mask=attention_mask, **options)
+
+    def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults filled in; unknown names and disallowed values raise :class:`OptionError`."""
+        unknown = [k for k in given if k not in self.options]
+        if "heads" in unknown:
+            with_heads = sorted(n for n, s in METHODS.items() if s.head_relevances)
+            raise OptionError(
+                f"{self.name} has no per-head relevances (heads=True); methods that have them: "
+                f"{with_heads}."
+            )
+        if unknown:
+            raise OptionError(
+                f"{self.name} has no option {unknown[0]!r}; its options: "
+                f"{sorted(self.options) or 'none'}."
+            )
+        resolved = {name: opt.default for name, opt in self.options.items()}
+        resolved.update(given)
+        for name, value in given.items():
+            self.options[name].validate(self.name, name, value)
+        return resolved
 
 
-METHODS: dict[str, MethodFn] = {}
-METHOD_INFO: dict[str, dict[str, Any]] = {}
+METHODS: dict[str, MethodSpec] = {}
+"""Registered methods: name -> :class:`MethodSpec` (callable like the public function)."""
 
 
 def register(
     name: str,
     *,
-    decoder: bool = True,
-    encoder: bool = True,
-    per_layer: bool = False,
-    uses_gradient: bool = False,
-    instead: str | None = None,
-) -> Callable[[Callable[..., Attribution]], Callable[..., Attribution]]:
-    """Register a method under ``name``.
+    label: str,
+    options: Mapping[str, Option] | None = None,
+    **facts: Any,
+) -> Callable[[CoreFn], Callable[..., Attribution]]:
+    """Register ``core`` under ``name`` with the spec ``facts``; return the public function."""
 
-    ``decoder``/``encoder`` say where it applies; ``instead`` names the method to use where it
-    does not (quoted in the error).
-    """
+    def wrap(core: CoreFn) -> Callable[..., Attribution]:
+        opts = dict(options or {})
+        params = inspect.signature(core).parameters
+        keywords = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+        if keywords != set(opts):
+            raise TypeError(
+                f"{name}: the core's keyword-only parameters {sorted(keywords)} must be the "
+                f"spec's options {sorted(opts)}."
+            )
+        doc = inspect.getdoc(core) or ""
+        spec = MethodSpec(name, core, label, summary=doc.split("\n", 1)[0], options=opts, **facts)
+        METHODS[name] = spec
 
-    def wrap(fn: Callable[..., Attribution]) -> Callable[..., Attribution]:
-        METHODS[name] = fn  # type: ignore[assignment]
-        METHOD_INFO[name] = {
-            "decoder": decoder,
-            "encoder": encoder,
-            "per_layer": per_layer,
-            "uses_gradient": uses_gradient,
-            "instead": instead,
-        }
-        return fn
+        @functools.wraps(core)
+        def public(
+            model: Any,
+            inputs: Any,
+            target: Target | None = None,
+            *,
+            attention_mask: Any = None,
+            **options: Any,
+        ) -> Attribution:
+            return run_method(spec, model, inputs, target, attention_mask=attention_mask, **options)
+
+        public.spec = spec  # type: ignore[attr-defined]
+        return public
 
     return wrap
 
 
-def check_applies(name: str, model: Any) -> None:
-    """Raise a ModelError naming the right method when ``name`` does not fit the architecture."""
-    info = METHOD_INFO.get(name)
-    if info is None:
-        return
-    enc = is_encoder(model)
-    if (enc and not info["encoder"]) or (not enc and not info["decoder"]):
-        kind = "encoder (HookedEncoder)" if enc else "decoder (HookedTransformer)"
-        hint = f" Use {info['instead']!r} instead." if info["instead"] else ""
-        raise ModelError(f"Method {name!r} does not apply to a {kind} model.{hint}")
+def unregister(name: str) -> None:
+    """Remove a method (tests that register temporary methods)."""
+    METHODS.pop(name, None)
+
+
+# --------------------------------------------------------------------------- the wrapper
+def prepare(
+    model: Any,
+    inputs: Any,
+    target: Target | None,
+    *,
+    attention_mask: Any = None,
+    prepend_bos: bool | None = None,
+) -> tuple[Batch, Target]:
+    """Batch the inputs and default the target (generation becomes one row per step)."""
+    if target is not None and not isinstance(target, Target):
+        raise TargetError(
+            f"target must be a lens_attrib.Target, got {type(target).__name__} {target!r}: "
+            f"write Target({target!r}) for a token, and pass the method by name "
+            "(method='...')."
+        )
+    batch = to_batch(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
+    target = target or Target()
+    if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
+        from lens_attrib.methods.generation import generation_batch
+
+        batch, target, _ = generation_batch(model, batch, target)
+    return batch, target
+
+
+def token_labels(model: Any, target: Target, ids: Tensor | None) -> list[str] | None:
+    """Display names of the explained outputs: tokens, or classes of a class head."""
+    if ids is None:
+        return None
+    if target.head is not None:
+        names = list(target.labels) if target.labels is not None else None
+        return [
+            names[i] if names is not None and i < len(names) else f"class {i}" for i in ids.tolist()
+        ]
+    if model.tokenizer is None:
+        return None
+    return [model.tokenizer.decode([int(i)]) for i in ids.tolist()]
+
+
+def zero_after_target(t: Tensor | None, positions: Tensor, pos_dim: int) -> Tensor | None:
+    """Set entries at positions after each item's target position to 0 (causal models)."""
+    if t is None:
+        return None
+    idx = torch.arange(t.shape[pos_dim], device=t.device)
+    after = idx[None, :] > positions.to(t.device)[:, None]  # [batch, pos]
+    shape = [after.shape[0]] + [1] * (t.ndim - 1)
+    shape[pos_dim] = after.shape[1]
+    return t.masked_fill(after.reshape(shape), 0.0)
+
+
+def check_finite(name: str, tensor: Tensor) -> None:
+    if not torch.isfinite(tensor).all():
+        raise FloatingPointError(
+            f"{name} produced non-finite relevances (NaN/inf). In float32/bf16 this is usually an "
+            "overflow: retry in float64 (model.to(torch.float64)) or with another baseline."
+        )
+
+
+def package(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    spec: MethodSpec,
+    out: MethodOutput,
+    options: dict[str, Any],
+    started: float,
+) -> Attribution:
+    """An Attribution of ``out``: detached, on the CPU, zero at padding and, for causal models,
+    at every position after the explained one (it cannot influence the explained scalar)."""
+    mask = batch.mask.to(out.scores.device)
+    scores = out.scores.detach().masked_fill(~mask, 0.0)
+    layer_scores, head_token_scores = out.layer_scores, out.head_token_scores
+    if batch.arch.causal:
+        positions = out.resolved.positions
+        scores = zero_after_target(scores, positions, 1)
+        layer_scores = zero_after_target(layer_scores, positions, 2)
+        head_token_scores = zero_after_target(head_token_scores, positions, 3)
+    assert scores is not None
+    used = {**options, **out.options}
+    meta: dict[str, Any] = {
+        "dtype": str(scores.dtype),
+        "seconds": time.perf_counter() - started,
+        "options": {k: ("tensor" if isinstance(v, Tensor) else v) for k, v in used.items()},
+        "model": getattr(model.cfg, "model_name", None),
+        "label": spec.label,
+        "target_free": spec.target_free,
+        "causal": batch.arch.causal,
+    }
+    resolved = out.resolved
+    if not resolved.regression:
+        meta["target_tokens"] = token_labels(model, target, resolved.token_ids)
+        meta["foil_tokens"] = token_labels(model, target, resolved.foil_ids)
+    meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
+    if out.layer_scores is not None:
+        meta["layers"] = (
+            out.layers if out.layers is not None else list(range(int(out.layer_scores.shape[1])))
+        )
+    meta.update(out.meta)
+
+    def cpu(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.detach().cpu()
+
+    return Attribution(
+        scores=scores.cpu(),
+        tokens=batch.str_tokens,
+        token_ids=batch.tokens.cpu(),
+        mask=batch.mask.cpu(),
+        target=resolved.to("cpu"),
+        method=spec.name,
+        layer_scores=cpu(layer_scores),
+        head_scores=cpu(out.head_scores),
+        head_token_scores=cpu(head_token_scores),
+        parts={k: v.detach().cpu() for k, v in out.parts.items()},
+        meta=meta,
+    )
+
+
+def run_method(
+    spec: MethodSpec,
+    model: Any,
+    inputs: Any,
+    target: Target | None = None,
+    *,
+    attention_mask: Any = None,
+    **options: Any,
+) -> Attribution:
+    """Validate, prepare, guard, run ``spec.core``, check and package (module docstring)."""
+    opts = spec.resolve_options(options)
+    arch = arch_of(model)
+    check_applies_to(spec.name, arch, spec.decoder, spec.encoder, spec.instead)
+    started = time.perf_counter()
+    batch, target = prepare(model, inputs, target, attention_mask=attention_mask)
+    context = grad_context if spec.uses_gradient else no_grad_context
+    try:
+        with context(model):
+            out = spec.core(model, batch, target, **opts)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "memory" not in str(err).lower():
+            raise
+        raise memory_error(spec, batch, err) from err
+    check_finite(spec.name, out.scores)
+    if out.layer_scores is not None:
+        check_finite(spec.name, out.layer_scores)
+    return package(model, batch, target, spec, out, opts, started)
+
+
+def memory_error(spec: MethodSpec, batch: Batch, err: BaseException) -> MemoryError:
+    """An out-of-memory error that says what the method needed and what to do instead."""
+    lean = sorted(n for n, s in METHODS.items() if not s.uses_gradient)
+    chunked = sorted(n for n, s in METHODS.items() if {"chunk_size", "step_batch"} & set(s.options))
+    need = (
+        "a backward pass that keeps every layer's activations"
+        if spec.uses_gradient
+        else ("its activations")
+    )
+    return MemoryError(
+        f"{spec.name} ran out of memory on a batch of {batch.size} item(s) × {batch.length} "
+        f"tokens ({err}); it needs {need}, which grows with batch × tokens (× tokens for "
+        f"attention). Pass fewer or shorter inputs, use a method without gradients ({lean}), "
+        f"or one with chunking options ({chunked}: chunk_size / step_batch)."
+    )
 
 
 def attribute(
@@ -66,14 +377,36 @@ def attribute(
     inputs: Any,
     target: Target | None = None,
     method: str = "grad_x_input",
+    *,
+    attention_mask: Any = None,
     **options: Any,
 ) -> Attribution:
     """Explain ``target`` for ``inputs`` with the registered ``method``.
 
-    ``inputs``: a prompt, a list of prompts, or token ids; ``target``: a :class:`Target`
-    (default: the model's prediction at the last real token). Options go to the method.
+    ``inputs``: a prompt, a list of prompts, token ids (tensor, array or lists, with an optional
+    ``attention_mask``), or a tokenizer output; ``target``: a :class:`Target` (default: the
+    model's prediction at the last real token). Options go to the method (see ``METHODS[name]``).
     """
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
-    check_applies(method, model)
-    return METHODS[method](model, inputs, target, **options)
+    return run_method(
+        METHODS[method], model, inputs, target, attention_mask=attention_mask, **options
+    )
+
+
+__all__ = [
+    "METHODS",
+    "MethodOutput",
+    "MethodSpec",
+    "Option",
+    "attribute",
+    "check_finite",
+    "is_bool",
+    "package",
+    "positive_int",
+    "positive_int_or_none",
+    "prepare",
+    "register",
+    "run_method",
+    "unregister",
+]

@@ -1,0 +1,321 @@
+"""The model backend: architecture facts, hook names, weight access and the raw forwards.
+
+Everything that depends on how TransformerLens 3.x lays out a model (``HookedTransformer`` for
+decoders, ``HookedEncoder`` for BERT-style encoders) lives here: which hooks hold the input
+embeddings and the residual stream, where grouped key/value weights are stored, how the final
+residual and the head-on-top are computed. Methods, evaluation and pruning ask this module and
+:mod:`lens_attrib.forward`, never the model classes, so that a second backend (TransformerLens
+4's ``TransformerBridge``, whose hooks and ``stop_at_layer`` differ) is one more module.
+
+Architecture facts are read once per call into an :class:`Arch` and carried on the
+:class:`~lens_attrib.inputs.Batch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.utilities import get_act_name
+
+from lens_attrib.errors import ModelError, TargetError
+
+Head = Callable[[Tensor], Tensor]
+"""A head-on-top: ``[n, d_model]`` residual rows -> ``[n, n_out]`` outputs."""
+
+EMBEDDINGS = ("full", "partial")
+
+
+# --------------------------------------------------------------------------- architecture facts
+def is_encoder(model: Any) -> bool:
+    """True for ``HookedEncoder`` (bidirectional BERT-style) models."""
+    from transformer_lens import HookedEncoder
+
+    return isinstance(model, HookedEncoder)
+
+
+def has_lm_head(model: Any) -> bool:
+    """Whether token logits exist (False for encoders loaded without their MLM head)."""
+    return not getattr(model, "lens_attrib_no_lm_head", False)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The facts methods branch on, read once from the model's config."""
+
+    encoder: bool
+    lm_head: bool
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    normalization: str | None
+    positional: str
+    parallel: bool
+    gated_mlp: bool
+    dtype: torch.dtype
+    n_ctx: int
+
+    @property
+    def causal(self) -> bool:
+        return not self.encoder
+
+    @property
+    def rotary(self) -> bool:
+        return self.positional == "rotary"
+
+    @property
+    def gqa(self) -> bool:
+        return self.n_kv_heads != self.n_heads
+
+    @property
+    def learned_positions(self) -> bool:
+        """A positional embedding is added to the residual stream (GPT-2, BERT)."""
+        return self.encoder or self.positional in ("standard", "shortformer")
+
+    @property
+    def kind(self) -> str:
+        return "encoder (HookedEncoder)" if self.encoder else "decoder (HookedTransformer)"
+
+    @property
+    def work_dtype(self) -> torch.dtype:
+        """float64 for float64 models, float32 otherwise (bf16/fp16 reductions are upcast)."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "encoder": self.encoder,
+            "normalization": self.normalization,
+            "positional": self.positional,
+            "rotary": self.rotary,
+            "gqa": self.gqa,
+            "n_kv_heads": self.n_kv_heads,
+            "parallel": self.parallel,
+            "gated_mlp": self.gated_mlp,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+        }
+
+
+def arch_of(model: Any) -> Arch:
+    """Read the architecture facts of a TransformerLens model."""
+    cfg = model.cfg
+    try:
+        dtype = next(model.parameters()).dtype
+    except StopIteration:  # pragma: no cover - a model always has parameters
+        dtype = torch.float32
+    return Arch(
+        encoder=is_encoder(model),
+        lm_head=has_lm_head(model),
+        n_layers=int(cfg.n_layers),
+        n_heads=int(cfg.n_heads),
+        n_kv_heads=int(cfg.n_key_value_heads or cfg.n_heads),
+        d_model=int(cfg.d_model),
+        d_head=int(cfg.d_head),
+        normalization=cfg.normalization_type,
+        positional=str(cfg.positional_embedding_type),
+        parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
+        gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+        dtype=dtype,
+        n_ctx=int(cfg.n_ctx),
+    )
+
+
+# --------------------------------------------------------------------------- hook names
+def hook_name(kind: str, layer: int | None = None, sub: str | None = None) -> str:
+    """TransformerLens' name of an activation (``get_act_name``), e.g. ``("v", 0)``."""
+    return str(get_act_name(kind, layer, sub))
+
+
+def check_embeddings(embeddings: str) -> None:
+    if embeddings not in EMBEDDINGS:
+        raise ValueError(f"embeddings must be 'full' or 'partial', got {embeddings!r}")
+
+
+def embedding_hooks(arch: Arch, embeddings: str = "full") -> list[str]:
+    """Hook names of the input embeddings whose sum enters the first block.
+
+    ``"full"``: token + learned positional (+ token-type for encoders); ``"partial"``: token only.
+    Rotary models have no positional embedding, so both are the token embedding.
+    """
+    check_embeddings(embeddings)
+    if arch.encoder:
+        names = ["embed.hook_embed"]
+        if embeddings == "full":
+            names += ["embed.hook_pos_embed", "embed.hook_token_type_embed"]
+        return names
+    names = [hook_name("embed")]
+    if embeddings == "full" and arch.learned_positions:
+        names.append(hook_name("pos_embed"))
+    return names
+
+
+def token_embedding_hook(arch: Arch) -> str:
+    """The hook of the token embedding alone (what soft perturbation masks)."""
+    return "embed.hook_embed" if arch.encoder else hook_name("embed")
+
+
+def embedded_input_hooks(arch: Arch, embeddings: str = "full") -> list[str]:
+    """Hooks whose sum is the first block's input ``x⁰`` (encoders: after the embedding LN)."""
+    check_embeddings(embeddings)
+    if arch.encoder:
+        return [hook_name("full_embed")] if embeddings == "full" else ["embed.hook_embed"]
+    return embedding_hooks(arch, embeddings)
+
+
+def resid_hook_names(arch: Arch) -> list[str]:
+    """The residual stream after every block (what the next block, or the head, reads)."""
+    kind = "normalized_resid_post" if arch.encoder else "resid_post"
+    return [hook_name(kind, layer) for layer in range(arch.n_layers)]
+
+
+def attn_hook(kind: str, layer: int) -> str:
+    """``blocks.L.attn.hook_<kind>`` (q, k, v, z, pattern, rot_q, rot_k, …)."""
+    return hook_name(kind, layer)
+
+
+def query_key_hooks(arch: Arch, layer: int) -> tuple[str, str]:
+    """The query and key hooks as attention uses them (rotated for rotary models)."""
+    if arch.rotary:
+        return hook_name("rot_q", layer), hook_name("rot_k", layer)
+    return hook_name("q", layer), hook_name("k", layer)
+
+
+def head_output_hooks(arch: Arch) -> list[str]:
+    """``blocks.L.attn.hook_z`` of every layer (head outputs before ``W_O``)."""
+    return [hook_name("z", layer) for layer in range(arch.n_layers)]
+
+
+def pattern_hooks(arch: Arch) -> list[str]:
+    return [hook_name("pattern", layer) for layer in range(arch.n_layers)]
+
+
+# --------------------------------------------------------------------------- raw forwards
+def forward_kwargs(arch: Arch, mask: Tensor, padded: bool) -> dict[str, Tensor]:
+    """Keyword arguments for the model's forward (the attention mask, when needed)."""
+    if arch.encoder:
+        return {"one_zero_attention_mask": mask.long()}
+    return {"attention_mask": mask.long()} if padded else {}
+
+
+def final_residual(
+    model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool
+) -> Float[Tensor, "batch pos d_model"]:
+    """The residual stream after the last block (before the head), one forward pass."""
+    if arch.encoder:
+        return cast(Tensor, model.encoder_output(tokens, None, mask.long()))
+    return cast(
+        Tensor,
+        model(tokens, stop_at_layer=arch.n_layers, **forward_kwargs(arch, mask, padded)),
+    )
+
+
+def embedding_forward(model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool) -> None:
+    """Run only the embedding (hooks on it fire)."""
+    if arch.encoder:
+        model.hook_full_embed(model.embed(tokens))
+    else:
+        model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
+
+
+def lm_head(model: Any, arch: Arch) -> Head:
+    """``ln_final`` + ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
+    if arch.encoder:
+        if not arch.lm_head:
+            raise TargetError(
+                "This encoder has no masked-LM head (e.g. all-MiniLM-L6-v2 ships only the "
+                "encoder), so token logits do not exist. Pass Target(head=...) with a class head "
+                "(a callable on [n, d_model] residual rows), or use a method that needs no head "
+                "(alti, attention, rollout, embed_norm)."
+            )
+
+        def encoder_head(x: Tensor) -> Tensor:
+            return cast(Tensor, model.unembed(model.mlm_head(x[:, None, :]))[:, 0, :])
+
+        return encoder_head
+
+    def decoder_head(x: Tensor) -> Tensor:
+        return cast(Tensor, model.unembed(model.ln_final(x[:, None, :]))[:, 0, :])
+
+    return decoder_head
+
+
+def pre_unembed(model: Any, arch: Arch) -> Head:
+    """The part of the LM head before ``unembed`` (``ln_final`` or the MLM head's transform)."""
+    if arch.encoder:
+        return cast(Head, model.mlm_head)
+    ln = getattr(model, "ln_final", None)
+    return cast(Head, ln) if ln is not None else (lambda x: x)
+
+
+# --------------------------------------------------------------------------- weights
+def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Tensor, "d_vocab"]]:
+    """``W_U`` and ``b_U`` of the LM head."""
+    return model.unembed.W_U, model.unembed.b_U
+
+
+def token_embedding_matrix(model: Any, arch: Arch) -> Float[Tensor, "d_vocab d_model"]:
+    embed = model.embed.embed if arch.encoder else model.embed
+    return cast(Tensor, embed.W_E)
+
+
+def block(model: Any, layer: int) -> Any:
+    return model.blocks[layer]
+
+
+def final_norm(model: Any) -> nn.Module:
+    return cast(nn.Module, model.ln_final)
+
+
+def value_weights(attn: nn.Module, n_v_heads: int) -> tuple[Tensor, Tensor]:
+    """``W_V [n_v_heads, d_model, d_head]`` and ``b_V [n_v_heads, d_head]`` as ``hook_v`` uses them.
+
+    Grouped-query attention stores key/value weights per KV head (``_W_V``); when ``hook_v``
+    holds the query-head count (``ungroup_grouped_query_attention``) the expanded ones are used.
+    """
+    w_v = getattr(attn, "_W_V", None)
+    if w_v is not None and w_v.shape[0] == n_v_heads:
+        return cast(Tensor, w_v), cast(Tensor, attn._b_V)
+    return cast(Tensor, attn.W_V), cast(Tensor, attn.b_V)
+
+
+def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instead: str | None):
+    """Raise a ModelError naming the right method when ``name`` does not fit the architecture."""
+    if (arch.encoder and not encoder) or (not arch.encoder and not decoder):
+        hint = f" Use {instead!r} instead." if instead else ""
+        raise ModelError(f"Method {name!r} does not apply to a {arch.kind} model.{hint}")
+
+
+__all__ = [
+    "EMBEDDINGS",
+    "Arch",
+    "Head",
+    "arch_of",
+    "attn_hook",
+    "block",
+    "check_applies_to",
+    "embedded_input_hooks",
+    "embedding_forward",
+    "embedding_hooks",
+    "final_norm",
+    "final_residual",
+    "forward_kwargs",
+    "has_lm_head",
+    "head_output_hooks",
+    "hook_name",
+    "is_encoder",
+    "lm_head",
+    "pattern_hooks",
+    "pre_unembed",
+    "query_key_hooks",
+    "resid_hook_names",
+    "token_embedding_hook",
+    "token_embedding_matrix",
+    "unembedding",
+    "value_weights",
+]

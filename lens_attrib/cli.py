@@ -1,0 +1,83 @@
+"""Command-line building blocks shared by the runner, the experiments and the benchmarks.
+
+Every flag has help text; method lists are validated against the registry *before* a model is
+loaded (``--methods a,b`` with the registered names as choices), and ``--shard i/n`` is parsed
+with an error that says what is expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def _registered() -> list[str]:
+    from lens_attrib.methods import METHODS
+
+    return sorted(METHODS)
+
+
+def method_list(text: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``, every name a registered method (argparse type)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    known = _registered()
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown method(s) {unknown or [text]}; choose from {known} (comma-separated)"
+        )
+    return names
+
+
+def choice_list(choices: list[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse type for comma-separated values out of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [n for n in names if n not in choices]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {unknown or [text]}; choose from {sorted(choices)}"
+            )
+        return names
+
+    return parse
+
+
+def shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)`` with ``0 <= i < n`` (argparse type)."""
+    parts = text.split("/")
+    try:
+        i, n = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--shard must look like i/n (e.g. 0/4: the first of four shards), got {text!r}"
+        ) from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--shard i/n needs 0 <= i < n, got {text!r}")
+    return i, n
+
+
+def add_methods_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--methods a,b,…`` validated against ``METHODS`` (the help lists the choices)."""
+    parser.add_argument(
+        "--methods",
+        type=method_list,
+        default=method_list(default),
+        metavar="M1,M2,…",
+        help=f"comma-separated attribution methods, from: {', '.join(_registered())} "
+        f"(default: {default})",
+    )
+
+
+def add_shard_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="i/n",
+        help="run only the items whose index is i modulo n (merge the outputs afterwards)",
+    )
+
+
+__all__ = ["add_methods_argument", "add_shard_argument", "choice_list", "method_list", "shard"]

@@ -1,0 +1,184 @@
+"""Evaluation records: tidy rows, summaries with bootstrap confidence intervals, files, shards.
+
+A *record* is one dict per item × method × metric (× layer) with at least ``item``, ``method``,
+``metric``, ``layer`` and ``value``. Everything that evaluates (the runner, the experiments, the
+benchmarks) produces records, summarizes them with :func:`summarize` (mean, std, n and a seeded
+95% percentile-bootstrap interval of the mean over items) and writes them with :func:`save`
+(``.json``: config, records, summary; ``.csv``: records, and the summary beside it).
+:func:`merge_records` concatenates shard files into the records of one run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KEY = ("item", "method", "metric", "layer")
+"""The fields that identify a record."""
+
+
+def bootstrap_ci(
+    values: Sequence[float], *, level: float = 0.95, n_resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (items resampled with replacement, seeded).
+
+    NaN bounds for fewer than two values.
+    """
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if x.size < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+@dataclass
+class EvalResult:
+    """Tidy records (one dict per item × method × metric [× layer]) and their summary."""
+
+    records: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The summary as a plain-text table (method × metric means)."""
+        lines = [f"{'method':<20} {'metric':<24} {'mean':>10} {'n':>6}"]
+        for row in self.summary:
+            layer = "" if row.get("layer") is None else f"@{row['layer']}"
+            lines.append(
+                f"{row['method']:<20} {row['metric'] + layer:<24} "
+                f"{row['mean']:>10.4f} {row['n']:>6}"
+            )
+        return "\n".join(lines)
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean (NaN-ignoring), std, count and 95% bootstrap interval per method × metric (× layer).
+
+    ``ci_low``/``ci_high``: :func:`bootstrap_ci` of the finite values; ``n_total`` counts the
+    NaN values too (items a metric does not apply to).
+    """
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r["metric"], r.get("layer")), []).append(r["value"])
+    rows = []
+    for (method, metric, layer), values in groups.items():
+        finite = [v for v in values if v is not None and not math.isnan(v)]
+        n = len(finite)
+        mean = sum(finite) / n if n else float("nan")
+        var = sum((v - mean) ** 2 for v in finite) / (n - 1) if n > 1 else float("nan")
+        low, high = bootstrap_ci(finite)
+        rows.append(
+            {
+                "method": method,
+                "metric": metric,
+                "layer": layer,
+                "mean": mean,
+                "std": math.sqrt(var) if n > 1 else float("nan"),
+                "n": n,
+                "n_total": len(values),
+                "ci_low": low,
+                "ci_high": high,
+            }
+        )
+    rows.sort(key=lambda r: (r["method"], r["metric"], -1 if r["layer"] is None else r["layer"]))
+    return rows
+
+
+# --------------------------------------------------------------------------- I/O
+def _sort_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["item"], r["method"], r["metric"], -1 if r.get("layer") is None else r["layer"])
+
+
+def sort_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(records, key=_sort_key)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def save(result: EvalResult, path: str | Path) -> Path:
+    """Write ``.json`` (config, records, summary) or ``.csv`` (records; summary beside it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".csv":
+        _write_csv(result.records, path)
+        _write_csv(result.summary, path.with_name(path.stem + ".summary.csv"))
+    else:
+        payload = {
+            "config": result.config,
+            "records": [{k: _json_safe(v) for k, v in r.items()} for r in result.records],
+            "summary": [{k: _json_safe(v) for k, v in r.items()} for r in result.summary],
+        }
+        path.write_text(json.dumps(payload, indent=1))
+    return path
+
+
+def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    fields: list[str] = []
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def load(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``.json`` or ``.csv`` file written by :func:`save`."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        with path.open() as fh:
+            rows = list(csv.DictReader(fh))
+        for r in rows:
+            r["item"] = int(r["item"])
+            r["value"] = float(r["value"]) if r["value"] not in ("", None) else float("nan")
+            r["layer"] = int(r["layer"]) if r.get("layer") not in ("", None) else None
+            r["method"] = r["method"]
+        return rows
+    rows = json.loads(path.read_text())["records"]
+    for r in rows:
+        r["value"] = float("nan") if r["value"] is None else float(r["value"])
+    return rows
+
+
+def merge_records(paths: Sequence[str | Path]) -> EvalResult:
+    """Concatenate shard results (JSON or CSV) into one sorted result with its summary.
+
+    Raises if two shards hold the same item × method × metric × layer.
+    """
+    records: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for p in sorted(Path(x) for x in paths):
+        for r in load(p):
+            key = tuple(r.get(k) for k in KEY)
+            if key in seen:
+                raise ValueError(f"Record {key} appears in more than one shard ({p}).")
+            seen.add(key)
+            records.append(r)
+    records = sort_records(records)
+    return EvalResult(records, summarize(records), {"merged": [str(p) for p in paths]})
+
+
+__all__ = [
+    "KEY",
+    "EvalResult",
+    "bootstrap_ci",
+    "load",
+    "merge_records",
+    "save",
+    "sort_records",
+    "summarize",
+]

@@ -1,0 +1,182 @@
+"""The forward engine: every run of the model that a method, a metric or pruning needs.
+
+- :func:`run` — one hooked forward of a :class:`~lens_attrib.inputs.Batch` up to the final
+  residual, with the caller's hooks applied first and the activations named in ``capture``
+  recorded (made differentiable leaves when gradients are on, since parameters are frozen), then
+  the explained scalar ``f_b`` of every item through :meth:`lens_attrib.target.Target.evaluate`
+  (the head is applied at the target rows only). Encoders without any head (all-MiniLM-L6-v2)
+  are run "position only" for methods that need no head: the target is then the representation
+  at the target position.
+- :func:`head_outputs` — the head at given rows of many sequences, chunked, without gradients
+  (perturbation metrics, pruning, scoring).
+- :func:`grad_context` / :func:`no_grad_context` — the model guard plus the autograd mode.
+
+Methods take ``torch.autograd.grad`` of ``f.sum()`` with respect to captured activations: items
+of a batch never interact, so this is every item's own gradient in one backward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lens_attrib.backend import Arch, Head, arch_of, final_residual, lm_head
+from lens_attrib.hooks import HookFn
+from lens_attrib.hooks.guard import model_guard
+from lens_attrib.inputs import Batch
+from lens_attrib.target import ResolvedTarget, Target
+
+FwdHooks = Sequence[tuple[str | Callable[[str], bool], HookFn]]
+ChunkHooks = Callable[[slice], list[tuple[str, HookFn]]]
+Reduce = Callable[[Tensor, slice], Tensor]
+
+
+@dataclass
+class Forward:
+    """One forward: the explained scalar (``None`` position-only), the target, the residual."""
+
+    value: Float[Tensor, "batch"] | None
+    resolved: ResolvedTarget
+    head_out: Float[Tensor, "batch n_out"] | None
+    resid: Float[Tensor, "batch pos d_model"]
+    captured: dict[str, Tensor] = field(default_factory=dict)
+    position_only: bool = False
+
+
+def resid_of(model: Any, batch: Batch) -> Float[Tensor, "batch pos d_model"]:
+    """The final residual of ``batch`` (hooks installed by the caller fire)."""
+    return final_residual(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+
+
+def has_head(arch: Arch, target: Target) -> bool:
+    """Whether an explained scalar exists (a head on top, or the target names one)."""
+    return target.head is not None or not arch.encoder or arch.lm_head
+
+
+def _capture_hook(store: dict[str, Tensor], name: str) -> HookFn:
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        if torch.is_grad_enabled() and not x.requires_grad:
+            x = x.detach().requires_grad_(True)
+        store[name] = x
+        return x
+
+    return hook
+
+
+def check_value(value: Tensor) -> None:
+    if not torch.isfinite(value).all():
+        raise FloatingPointError(
+            "The explained scalar is not finite (NaN/inf) for items "
+            f"{torch.nonzero(~torch.isfinite(value)).flatten().tolist()}: check the inputs and "
+            "the model's dtype (bf16/fp16 overflow)."
+        )
+
+
+def run(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    *,
+    capture: Sequence[str] = (),
+    fwd_hooks: FwdHooks = (),
+    position_only_ok: bool = False,
+) -> Forward:
+    """Forward with ``fwd_hooks`` (applied first), capturing ``capture``; the explained scalar.
+
+    Runs under the caller's autograd mode (use inside :func:`grad_context` for gradients).
+    ``position_only_ok``: a model without any head gives a position-only target instead of an
+    error (for methods whose scores do not need the head).
+    """
+    store: dict[str, Tensor] = {}
+    hooks: list[tuple[Any, HookFn]] = list(fwd_hooks)
+    hooks += [(name, _capture_hook(store, name)) for name in capture]
+    headless = position_only_ok and not has_head(batch.arch, target)
+    with model.hooks(fwd_hooks=hooks):
+        resid = resid_of(model, batch)
+        if not headless:
+            value, resolved, head_out = target.evaluate(model, batch, resid)
+    missing = [n for n in capture if n not in store]
+    if missing:
+        raise RuntimeError(f"Hooks {missing} did not fire: not part of this model's forward.")
+    if headless:
+        positions = target.positions(batch)
+        idx = torch.arange(batch.size, device=positions.device)
+        resolved = ResolvedTarget(positions, batch.tokens[idx, positions], None, False)
+        return Forward(None, resolved, None, resid, store, position_only=True)
+    check_value(value)
+    return Forward(value, resolved, head_out, resid, store)
+
+
+def target_rows(x: Tensor, positions: Tensor) -> Tensor:
+    """``x[b, positions[b]]`` for every item."""
+    return x[torch.arange(x.shape[0], device=x.device), positions.to(x.device)]
+
+
+@contextmanager
+def grad_context(model: Any) -> Iterator[None]:
+    """Guard the model and enable autograd (also under ``torch.no_grad``/``inference_mode``)."""
+    with model_guard(model), torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+@contextmanager
+def no_grad_context(model: Any) -> Iterator[None]:
+    """Guard the model; no autograd graph is built."""
+    with model_guard(model), torch.no_grad():
+        yield
+
+
+def head_outputs(
+    model: Any,
+    tokens: Int[Tensor, "n pos"],
+    mask: Bool[Tensor, "n pos"],
+    positions: Int[Tensor, "n"],
+    *,
+    head: Head | None = None,
+    reduce: Reduce | None = None,
+    hooks: ChunkHooks | None = None,
+    max_batch: int = 64,
+) -> Tensor:
+    """Head outputs at ``positions`` for many sequences, in chunks of ``max_batch`` rows.
+
+    ``hooks(rows)`` gives the forward hooks for the chunk ``rows`` (a slice of the ``n`` rows);
+    ``reduce(head_out, rows)`` maps the chunk's ``[chunk, n_out]`` head outputs to what is kept
+    (default: the head outputs themselves). Runs inside the model guard under inference mode.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    arch = arch_of(model)
+    head = head or lm_head(model, arch)
+    device = model.cfg.device
+    outs: list[Tensor] = []
+    with model_guard(model), torch.inference_mode():
+        for start in range(0, int(tokens.shape[0]), max_batch):
+            rows = slice(start, min(start + max_batch, int(tokens.shape[0])))
+            tok, msk = tokens[rows].to(device), mask[rows].to(device)
+            with model.hooks(fwd_hooks=hooks(rows) if hooks is not None else []):
+                resid = final_residual(model, arch, tok, msk, not bool(msk.all()))
+            out = head(target_rows(resid, positions[rows]))
+            outs.append(reduce(out, rows) if reduce is not None else out)
+    return torch.cat(outs)
+
+
+__all__ = [
+    "ChunkHooks",
+    "Forward",
+    "FwdHooks",
+    "Reduce",
+    "check_value",
+    "grad_context",
+    "has_head",
+    "head_outputs",
+    "no_grad_context",
+    "resid_of",
+    "run",
+    "target_rows",
+]

@@ -1,0 +1,149 @@
+"""The package's structure: no import cycle, architecture facts asked in one place, one spec
+per method, and the registry doing the shared work."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from lens_attrib import METHODS, OptionError, attribute
+from lens_attrib.cli import method_list, shard
+from lens_attrib.tiny_models import tiny_bert, tiny_gpt2
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = {"lens_attrib": ROOT / "lens_attrib", "lens_attrib.hooks": ROOT / "hooks"}
+
+
+def _modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """Every lens_attrib module ``path`` imports (also inside functions, not TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skip |= {id(n) for n in ast.walk(node)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name in known:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    graph = {name: _imports(path, known) - {name} for name, path in modules.items()}
+    # a submodule's import of its own package's __init__ is how Python runs it anyway
+    return {k: {v for v in vs if not k.startswith(v + ".")} for k, vs in graph.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "lens_attrib.attribution" in graph and "lens_attrib.methods.registry" in graph
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_sibling_modules_do_not_lean_on_each_other():
+    graph = import_graph()
+    assert "lens_attrib.methods.alti_mixing" not in graph["lens_attrib.methods.attention"]
+    assert "lens_attrib.pruning" not in graph["lens_attrib.plot"]
+    assert not any(m.startswith("lens_attrib") for m in graph["lens_attrib.plot"])
+
+
+def test_architecture_is_asked_only_in_the_backend():
+    pattern = re.compile(r"\bis_encoder\(")
+    users = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "lens_attrib").rglob("*.py")
+        if pattern.search(path.read_text())
+    }
+    assert users == {"lens_attrib/backend.py"}
+
+
+def test_every_method_is_one_spec_and_the_wrapper_does_the_skeleton():
+    forbidden = ("model_guard(", "to_batch(", "Attribution(", "time.perf_counter(")
+    for name, spec in METHODS.items():
+        source = Path(spec.core.__code__.co_filename).read_text()
+        for word in forbidden:
+            assert word not in source, f"{name}'s module repeats the wrapper's {word}"
+        assert spec.label and spec.summary, name
+
+
+def test_option_errors_name_the_allowed_values():
+    model = tiny_gpt2()
+    with pytest.raises(OptionError, match=r"'full', 'partial'"):
+        attribute(model, "the dog", method="grad_x_input", embeddings="bogus")
+    with pytest.raises(OptionError, match=r"methods that have them: .*attnlrp"):
+        attribute(model, "the dog", method="normxlogit", heads=True)
+    with pytest.raises(OptionError, match="its options"):
+        attribute(model, "the dog", method="gradient", n_steps=3)
+
+
+def test_methods_that_do_not_apply_name_the_one_that_does():
+    from lens_attrib import ModelError
+
+    with pytest.raises(ModelError, match="'alti'"):
+        attribute(tiny_bert(), "the dog", method="alti_logit")
+
+
+def test_cli_types_check_before_anything_loads():
+    import argparse
+
+    assert method_list("attnlrp, lrp") == ["attnlrp", "lrp"]
+    with pytest.raises(argparse.ArgumentTypeError, match="choose from"):
+        method_list("attnlrp,bogus")
+    assert shard("1/4") == (1, 4)
+    for bad in ("0-2", "4/4", "x/2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="i/n"):
+            shard(bad)
