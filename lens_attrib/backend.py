@@ -284,6 +284,39 @@ def value_weights(attn: nn.Module, n_v_heads: int) -> tuple[Tensor, Tensor]:
     return cast(Tensor, attn.W_V), cast(Tensor, attn.b_V)
 
 
+def processing_signatures(model: Any, arch: Arch) -> list[str]:
+    """TransformerLens weight processing this model shows (``from_pretrained``'s defaults).
+
+    Read from the weights: ``LNPre``/``RMSPre`` norms (``fold_ln``), a vocabulary-centred
+    unembedding (``center_unembed``), embeddings centred over ``d_model``
+    (``center_writing_weights``), zero value biases with a non-zero output bias
+    (``fold_value_biases``). Each is returned as a phrase naming the processing.
+    """
+    found: list[str] = []
+    if arch.normalization in ("LNPre", "RMSPre"):
+        found.append("fold_ln (the norms' weights were folded into the next layers)")
+    with torch.no_grad():
+        if arch.lm_head and not arch.encoder:
+            w_u = unembedding(model)[0].detach()
+            if w_u.shape[-1] > 1 and _centred(w_u):
+                found.append("center_unembed (the unembedding was centred over the vocabulary)")
+        w_e = token_embedding_matrix(model, arch).detach()
+        if _centred(w_e):
+            found.append("center_writing_weights (what writes to the residual was centred)")
+        attn = model.blocks[0].attn
+        _, b_v = value_weights(attn, arch.n_kv_heads)
+        b_o = getattr(attn, "b_O", None)
+        if b_o is not None and bool((b_v == 0).all()) and bool((b_o != 0).any()):
+            found.append("fold_value_biases (value biases were folded into b_O)")
+    return found
+
+
+def _centred(weight: Tensor) -> bool:
+    """Every row of ``weight`` sums to ~0 over its last axis (relative to its scale)."""
+    scale = float(weight.abs().max())
+    return scale > 0 and float(weight.double().mean(-1).abs().max()) <= 1e-6 * scale
+
+
 def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instead: str | None):
     """Raise a ModelError naming the right method when ``name`` does not fit the architecture."""
     if (arch.encoder and not encoder) or (not arch.encoder and not decoder):
@@ -312,6 +345,7 @@ __all__ = [
     "lm_head",
     "pattern_hooks",
     "pre_unembed",
+    "processing_signatures",
     "query_key_hooks",
     "resid_hook_names",
     "token_embedding_hook",

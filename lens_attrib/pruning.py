@@ -63,9 +63,11 @@ POOLINGS: dict[str, str] = {
 }
 """Pooling name -> the decomposition paper's label."""
 
+
 def head_relevance_methods() -> list[str]:
     """Every registered method that gives per-head relevances (``MethodSpec.head_relevances``)."""
     return sorted(name for name, spec in METHODS.items() if spec.head_relevances)
+
 
 RANDOM = "random"
 

@@ -60,13 +60,25 @@ from lens_attrib.inputs import default_prepend_bos, to_batch
 from lens_attrib.methods import attribute
 from lens_attrib.target import Target
 
-AOPC_METRICS = {"comprehensiveness": "comprehensiveness", "sufficiency": "sufficiency",
-                "accuracy_perturbation": "accuracy"}
-CURVE_METRICS = {"deletion_auc": "deletion_auc", "insertion_auc": "insertion_auc",
-                 "deletion_flip": "deletion_flip_fraction",
-                 "insertion_flip": "insertion_flip_fraction"}
-SOFT_BASE = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns", "expected_retained_ns",
-             "expected_retained_nc")
+AOPC_METRICS = {
+    "comprehensiveness": "comprehensiveness",
+    "sufficiency": "sufficiency",
+    "accuracy_perturbation": "accuracy",
+}
+CURVE_METRICS = {
+    "deletion_auc": "deletion_auc",
+    "insertion_auc": "insertion_auc",
+    "deletion_flip": "deletion_flip_fraction",
+    "insertion_flip": "insertion_flip_fraction",
+}
+SOFT_BASE = (
+    "soft_nc",
+    "soft_ns",
+    "pi_soft_nc",
+    "pi_soft_ns",
+    "expected_retained_ns",
+    "expected_retained_nc",
+)
 SOFT_METRICS = {**{m: m for m in SOFT_BASE}, **{f"{m}_fixed": m for m in SOFT_BASE}}
 METRICS = (*PLAUSIBILITY_METRICS, *AOPC_METRICS, *CURVE_METRICS, *SOFT_METRICS)
 
@@ -82,21 +94,25 @@ def _evidence(model: Any, item: Any) -> list[int]:
 
     encoder = arch_of(model).encoder
     return evidence_token_positions(
-        item, model.tokenizer, prepend_bos=(not encoder) and default_prepend_bos(model),
+        item,
+        model.tokenizer,
+        prepend_bos=(not encoder) and default_prepend_bos(model),
         offset=1 if encoder else 0,
     )
 
 
-def _correctness(model: Any, items: Sequence[Any], max_batch: int) -> tuple[list[bool | None],
-                                                                            list[str]]:
+def _correctness(
+    model: Any, items: Sequence[Any], max_batch: int
+) -> tuple[list[bool | None], list[str]]:
     """Per item: is the gold target preferred (over the foil, or as argmax); the prediction.
 
     The explained scalar of the gold Target (``logit(target) − logit(foil)``) comes from
     :meth:`ResolvedTarget.select`, like every method's.
     """
     batch = to_batch(model, [it.prompt for it in items])
-    logits = head_outputs(model, batch.tokens, batch.mask, batch.last_real,
-                          max_batch=max_batch).cpu()
+    logits = head_outputs(
+        model, batch.tokens, batch.mask, batch.last_real, max_batch=max_batch
+    ).cpu()
     pred = logits.argmax(-1)
     has_target = [getattr(it, "target", None) is not None for it in items]
     has_foil = [h and getattr(it, "foil", None) is not None for h, it in zip(has_target, items)]
@@ -110,8 +126,9 @@ def _correctness(model: Any, items: Sequence[Any], max_batch: int) -> tuple[list
             correct[i] = bool(pred[i] == gold.token_ids[r])
         if foil_rows:
             sub = batch.select(foil_rows)
-            tgt = Target(token=[items[i].target for i in foil_rows],
-                         foil=[items[i].foil for i in foil_rows])
+            tgt = Target(
+                token=[items[i].target for i in foil_rows], foil=[items[i].foil for i in foil_rows]
+            )
             value = tgt.resolve(model, sub, logits[foil_rows]).select(logits[foil_rows])
             for r, i in enumerate(foil_rows):
                 correct[i] = bool(value[r] > 0)
@@ -133,33 +150,42 @@ def _target(items: Sequence[Any], target: str, contrastive: bool) -> Target:
 
 
 # --------------------------------------------------------------------------- metrics
-def _score(model: Any, attr: Attribution, metrics: Sequence[str], evidence: list[list[int]],
-           opts: dict[str, Any], special: list[int], per_layer: bool
-           ) -> list[tuple[str, int | None, torch.Tensor]]:
+def _score(
+    model: Any,
+    attr: Attribution,
+    metrics: Sequence[str],
+    evidence: list[list[int]],
+    opts: dict[str, Any],
+    special: list[int],
+    per_layer: bool,
+) -> list[tuple[str, int | None, torch.Tensor]]:
     out: list[tuple[str, int | None, torch.Tensor]] = []
     plaus = [m for m in metrics if m in PLAUSIBILITY_METRICS]
     if plaus:
         for m, v in plausibility(attr, evidence, plaus, special_ids=special).items():
             out.append((m, None, v))
         if per_layer and attr.layer_scores is not None:
-            for m, v in plausibility(attr, evidence, plaus, special_ids=special,
-                                     per_layer=True).items():
+            for m, v in plausibility(
+                attr, evidence, plaus, special_ids=special, per_layer=True
+            ).items():
                 out += [(m, layer, v[:, layer]) for layer in range(v.shape[1])]
     max_batch = int(opts.get("max_batch", 64))
     if any(m in AOPC_METRICS for m in metrics):
         res = aopc(model, attr, max_batch=max_batch, special_ids=special, **opts.get("aopc", {}))
         out += [(m, None, getattr(res, AOPC_METRICS[m])) for m in metrics if m in AOPC_METRICS]
     if any(m in CURVE_METRICS for m in metrics):
-        cur = insertion_deletion(model, attr, max_batch=max_batch, special_ids=special,
-                                 **opts.get("curves", {}))
+        cur = insertion_deletion(
+            model, attr, max_batch=max_batch, special_ids=special, **opts.get("curves", {})
+        )
         out += [(m, None, getattr(cur, CURVE_METRICS[m])) for m in metrics if m in CURVE_METRICS]
     for routing, suffix in (("dynamic", ""), ("fixed", "_fixed")):
         wanted = [m for m in metrics if m in SOFT_METRICS and m.endswith("_fixed") == bool(suffix)]
         if not wanted:
             continue
         soft_opts = {"seed": opts.get("seed", 0), **opts.get("soft", {})}
-        res_s = soft_metrics(model, attr, routing=routing, max_batch=max_batch,
-                             special_ids=special, **soft_opts)
+        res_s = soft_metrics(
+            model, attr, routing=routing, max_batch=max_batch, special_ids=special, **soft_opts
+        )
         values = res_s.as_dict()
         out += [(m, None, values[SOFT_METRICS[m]]) for m in wanted]
     return out
@@ -206,13 +232,28 @@ def evaluate(
     for chunk in tqdm(chunks, desc="evaluate", disable=not progress):
         items = [dataset[i] for i in chunk]
         correct, predicted = _correctness(model, items, max_batch)
-        base = [{"item": i, "task": getattr(it, "task", None), "prompt": it.prompt,
-                 "target": getattr(it, "target", None), "foil": getattr(it, "foil", None),
-                 "prediction": p, "correct": c}
-                for i, it, p, c in zip(chunk, items, predicted, correct)]
-        records += [{**b, "method": "model", "metric": "model_correct", "layer": None,
-                     "value": float("nan") if b["correct"] is None else float(b["correct"])}
-                    for b in base]
+        base = [
+            {
+                "item": i,
+                "task": getattr(it, "task", None),
+                "prompt": it.prompt,
+                "target": getattr(it, "target", None),
+                "foil": getattr(it, "foil", None),
+                "prediction": p,
+                "correct": c,
+            }
+            for i, it, p, c in zip(chunk, items, predicted, correct)
+        ]
+        records += [
+            {
+                **b,
+                "method": "model",
+                "metric": "model_correct",
+                "layer": None,
+                "value": float("nan") if b["correct"] is None else float(b["correct"]),
+            }
+            for b in base
+        ]
         keep = [j for j, c in enumerate(correct) if not only_correct or c]
         if not keep:
             continue
@@ -221,18 +262,33 @@ def evaluate(
         evidence = [_evidence(model, it) for it in items]
         tgt = _target(items, target, contrastive)
         for method in methods:
-            attr = attribute(model, [it.prompt for it in items], tgt, method=method,
-                             **method_options.get(method, {}))
-            for metric, layer, values in _score(model, attr, metrics, evidence, opts, special,
-                                                per_layer):
+            attr = attribute(
+                model,
+                [it.prompt for it in items],
+                tgt,
+                method=method,
+                **method_options.get(method, {}),
+            )
+            for metric, layer, values in _score(
+                model, attr, metrics, evidence, opts, special, per_layer
+            ):
                 for b, v in zip(base, values.tolist()):
-                    records.append({**b, "method": method, "metric": metric, "layer": layer,
-                                    "value": float(v)})
+                    records.append(
+                        {**b, "method": method, "metric": metric, "layer": layer, "value": float(v)}
+                    )
     records = sort_records(records)
-    config = {"methods": list(methods), "metrics": list(metrics), "batch_size": batch_size,
-              "target": target, "contrastive": contrastive, "only_correct": only_correct,
-              "shard": list(shard) if shard else None, "seed": seed, "n_items": len(indices),
-              "model": getattr(model.cfg, "model_name", None)}
+    config = {
+        "methods": list(methods),
+        "metrics": list(metrics),
+        "batch_size": batch_size,
+        "target": target,
+        "contrastive": contrastive,
+        "only_correct": only_correct,
+        "shard": list(shard) if shard else None,
+        "seed": seed,
+        "n_items": len(indices),
+        "model": getattr(model.cfg, "model_name", None),
+    }
     result = EvalResult(records, summarize(records), config)
     if out is not None:
         save(result, out)
@@ -249,34 +305,51 @@ def _load_task(task: str, n: int, seed: int) -> list[Any]:
         return list(data.load_blimp(task.split(":", 1)[1], n=n))
     if task == "linzen":
         return list(data.load_linzen_sva(n=n))
-    raise KeyError(f"Unknown task {task!r}: use {sorted(data.GENERATORS)}, 'blimp:<paradigm>' "
-                   "or 'linzen'.")
+    raise KeyError(
+        f"Unknown task {task!r}: use {sorted(data.GENERATORS)}, 'blimp:<paradigm>' or 'linzen'."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> EvalResult:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="model name (smollm2-135m, minilm-l6), local folder or TL name")
-    parser.add_argument("--task", default="sva",
-                        help="sva, anaphora, dna, blimp:<paradigm> or linzen")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model name (smollm2-135m, minilm-l6), local folder or TL name",
+    )
+    parser.add_argument(
+        "--task", default="sva", help="sva, anaphora, dna, blimp:<paradigm> or linzen"
+    )
     add_methods_argument(parser, "grad_x_input")
-    parser.add_argument("--metrics", type=choice_list(list(METRICS), "metric(s)"),
-                        default=["pointing_game", "mrr"], metavar="M1,M2,…",
-                        help=f"comma-separated metrics, from: {', '.join(METRICS)}")
+    parser.add_argument(
+        "--metrics",
+        type=choice_list(list(METRICS), "metric(s)"),
+        default=["pointing_game", "mrr"],
+        metavar="M1,M2,…",
+        help=f"comma-separated metrics, from: {', '.join(METRICS)}",
+    )
     parser.add_argument("--n", type=int, default=50, help="number of items")
     add_shard_argument(parser)
     parser.add_argument("--out", default=None, help="write records to this .json or .csv")
     parser.add_argument("--batch-size", type=int, default=8, help="items per method call")
-    parser.add_argument("--max-batch", type=int, default=64,
-                        help="rows per forward in the perturbation metrics")
-    parser.add_argument("--target", default="gold", choices=("gold", "prediction"),
-                        help="explain the gold token or the model's prediction")
-    parser.add_argument("--contrastive", action="store_true",
-                        help="explain logit(target) − logit(foil)")
-    parser.add_argument("--only-correct", action="store_true",
-                        help="explain only the items the model gets right")
-    parser.add_argument("--n-draws", type=int, default=15,
-                        help="Monte-Carlo draws of the soft metrics")
+    parser.add_argument(
+        "--max-batch", type=int, default=64, help="rows per forward in the perturbation metrics"
+    )
+    parser.add_argument(
+        "--target",
+        default="gold",
+        choices=("gold", "prediction"),
+        help="explain the gold token or the model's prediction",
+    )
+    parser.add_argument(
+        "--contrastive", action="store_true", help="explain logit(target) − logit(foil)"
+    )
+    parser.add_argument(
+        "--only-correct", action="store_true", help="explain only the items the model gets right"
+    )
+    parser.add_argument(
+        "--n-draws", type=int, default=15, help="Monte-Carlo draws of the soft metrics"
+    )
     parser.add_argument("--seed", type=int, default=0, help="data and metric seed")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
@@ -285,11 +358,20 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     model = load_model(args.model)
     dataset = _load_task(args.task, args.n, args.seed)
     result = evaluate(
-        model, dataset, args.methods, args.metrics,
-        batch_size=args.batch_size, target=args.target, contrastive=args.contrastive,
-        only_correct=args.only_correct, shard=args.shard, max_batch=args.max_batch,
-        seed=args.seed, metric_options={"soft": {"n_draws": args.n_draws}},
-        progress=not args.no_progress, out=args.out,
+        model,
+        dataset,
+        args.methods,
+        args.metrics,
+        batch_size=args.batch_size,
+        target=args.target,
+        contrastive=args.contrastive,
+        only_correct=args.only_correct,
+        shard=args.shard,
+        max_batch=args.max_batch,
+        seed=args.seed,
+        metric_options={"soft": {"n_draws": args.n_draws}},
+        progress=not args.no_progress,
+        out=args.out,
     )
     print(result.table())  # CLI output
     return result
@@ -299,5 +381,12 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["METRICS", "EvalResult", "evaluate", "merge_records", "save", "sort_records",
-           "summarize"]
+__all__ = [
+    "METRICS",
+    "EvalResult",
+    "evaluate",
+    "merge_records",
+    "save",
+    "sort_records",
+    "summarize",
+]

@@ -250,6 +250,7 @@ CHUNK_OPTION = Option(
 
 @register(
     "alti_logit",
+    parametrization=True,
     label="ALTI-Logit",
     encoder=False,
     per_layer=True,
@@ -341,6 +342,7 @@ def alti_mixing_matrices(
 
 @register(
     "alti",
+    parametrization=True,
     label="ALTI",
     per_layer=True,
     target_free=True,

@@ -18,6 +18,7 @@ Per-head relevances (``heads=True``), read in the same backward pass at every ``
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,17 +87,38 @@ def gradient(
     label="Gradient×Input",
     uses_gradient=True,
     head_relevances=True,
-    options={"embeddings": EMBEDDING_OPTION, "heads": HEADS_OPTION},
+    options={
+        "embeddings": Option(
+            None,
+            choices=(None, *EMBEDDINGS),
+            help="default: 'full' on decoders, 'partial' (token embedding) on encoders",
+        ),
+        "heads": HEADS_OPTION,
+    },
 )
 def grad_x_input(
-    model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool
+    model: Any, batch: Batch, target: Target, *, embeddings: str | None, heads: bool
 ) -> MethodOutput:
     """Gradient×Input: ``R_i = Σ_k Σ_d e^k_{i,d} ∂f/∂e^k_{i,d}`` (signed; Shrikumar et al. 2016).
+
+    ``embeddings``: decoders default to ``"full"`` (token + learned positional embedding).
+    Encoders default to ``"partial"``, the token embedding before the embedding LayerNorm (what
+    Captum/Inseq call ``inputs_embeds``): their full embedding ``x = e_tok + e_pos + e_type``
+    enters a LayerNorm, which is scale-invariant per token, so ``x · ∂f/∂x = 0`` for every token
+    (Euler's theorem; MiniLM gives |R| ~ 1e-8 for f ~ 1) and ``"full"`` would rank noise.
 
     ``heads=True``: per-head ``z ⊙ ∂f/∂z`` at ``attn.hook_z`` (see
     :func:`~lens_attrib.methods.backprop.head_relevances`).
     """
-    emb = embedding_hooks(batch.arch, embeddings)
+    used = embeddings or ("partial" if batch.arch.encoder else "full")
+    if embeddings == "full" and batch.arch.encoder:
+        warnings.warn(
+            "grad_x_input with embeddings='full' on an encoder: the embedding LayerNorm is "
+            "scale-invariant, so x·∇x is ~0 for every token; use embeddings='partial' (default).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    emb = embedding_hooks(batch.arch, used)
     names = emb + (head_output_hooks(batch.arch) if heads else [])
     xs, grads, result = gradients_at(model, batch, target, names)
     n = len(emb)
@@ -104,7 +126,11 @@ def grad_x_input(
     fields = head_relevances(xs[n:], grads[n:], batch.mask) if heads else {}
     assert result.value is not None
     return MethodOutput(
-        scores, result.resolved, meta={"explained_value": result.value.detach().cpu()}, **fields
+        scores,
+        result.resolved,
+        meta={"explained_value": result.value.detach().cpu()},
+        options={"embeddings": used},
+        **fields,
     )
 
 

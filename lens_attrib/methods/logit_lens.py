@@ -208,6 +208,7 @@ FULL_LOGITS_OPTION = Option(False, check=is_bool, help="also every layer's full 
 
 @register(
     "embed_norm",
+    parametrization=True,
     label="Embedding ℓ2",
     target_free=True,
     needs_head=False,
@@ -250,7 +251,13 @@ def _lens(
     )
 
 
-@register("logat", label="LogAt", per_layer=True, options={"full_logits": FULL_LOGITS_OPTION})
+@register(
+    "logat",
+    label="LogAt",
+    per_layer=True,
+    parametrization=True,
+    options={"full_logits": FULL_LOGITS_OPTION},
+)
 def logat(model: Any, batch: Batch, target: Target, *, full_logits: bool) -> MethodOutput:
     """LogAt: the head-on-top at every position and layer, read at the label (module docstring).
 
@@ -262,6 +269,7 @@ def logat(model: Any, batch: Batch, target: Target, *, full_logits: bool) -> Met
 
 @register(
     "normxlogit",
+    parametrization=True,
     label="NormXLogit",
     per_layer=True,
     options={"embeddings": EMBEDDING_OPTION, "full_logits": FULL_LOGITS_OPTION},

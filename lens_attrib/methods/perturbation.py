@@ -28,6 +28,7 @@ from lens_attrib.target import Target
 
 @register(
     "value_zeroing",
+    parametrization=True,
     label="Value Zeroing",
     target_free=True,
     needs_head=False,

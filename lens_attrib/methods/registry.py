@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.backend import arch_of, check_applies_to
+from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
 from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import grad_context, no_grad_context
 from lens_attrib.inputs import Batch, to_batch
@@ -112,7 +114,9 @@ class MethodSpec:
     ``head_scores``/``head_token_scores``; uses_gradient: runs a backward pass;
     target_free:      its scores do not depend on the target token or foil (only on the
     position), so a contrastive label is meaningless for it; needs_head: without a head on top
-    (an encoder without MLM head) it cannot run, otherwise it runs position-only.
+    (an encoder without MLM head) it cannot run, otherwise it runs position-only;
+    parametrization: its scores change when TransformerLens processes the weights (folding
+    norms, centring), although the model's outputs do not.
     """
 
     name: str
@@ -126,6 +130,7 @@ class MethodSpec:
     uses_gradient: bool = False
     target_free: bool = False
     needs_head: bool = True
+    parametrization: bool = False
     instead: str | None = None
     options: Mapping[str, Option] = field(default_factory=dict)
 
@@ -326,6 +331,28 @@ def package(
     )
 
 
+_WARNED_PROCESSED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def warn_if_processed(model: Any, arch: Arch) -> None:
+    """Warn once per model when its weights were processed by TransformerLens."""
+    if model in _WARNED_PROCESSED:
+        return
+    found = processing_signatures(model, arch)
+    if not found:
+        return
+    _WARNED_PROCESSED.add(model)
+    affected = sorted(n for n, s in METHODS.items() if s.parametrization)
+    warnings.warn(
+        f"This model's weights were processed by TransformerLens: {'; '.join(found)}. The "
+        f"outputs are unchanged, but {affected} read norms, biases and embeddings whose meaning "
+        "the processing changed (their scores differ by 5–60%). Load it without processing: "
+        "lens_attrib.load_model(...), or HookedTransformer.from_pretrained_no_processing(...).",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def run_method(
     spec: MethodSpec,
     model: Any,
@@ -339,6 +366,8 @@ def run_method(
     opts = spec.resolve_options(options)
     arch = arch_of(model)
     check_applies_to(spec.name, arch, spec.decoder, spec.encoder, spec.instead)
+    if spec.parametrization:
+        warn_if_processed(model, arch)
     started = time.perf_counter()
     batch, target = prepare(model, inputs, target, attention_mask=attention_mask)
     context = grad_context if spec.uses_gradient else no_grad_context
