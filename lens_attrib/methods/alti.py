@@ -1,5 +1,9 @@
 """ALTI (Ferrando et al. 2022) and ALTI-Logit (Ferrando et al. 2023), read from one hooked forward.
 
+Both follow the official code (github.com/mt-upc/logit-explanations, ``src/contributions.py``,
+``compute_alti`` in ``src/utils_contributions.py``, ``track2input_tokens`` in
+``extract_explanations.py``), which the tests compare against on committed fixtures.
+
 **ALTI-Logit** (decoders). The final residual at the target position ``t`` is the sum of the
 embedding ``x⁰_t``, every attention block's output and every MLP block's output. The final norm is
 linearized with its actual scale ``σ_t`` and folded with the head direction into one vector
@@ -7,21 +11,33 @@ linearized with its actual scale ``σ_t`` and folded with the head direction int
     u = c(γ_f ⊙ (W_U[:, y] − W_U[:, y'])) / σ_t        (``c`` centres for LayerNorm only),
 
 so that a block output ``o`` contributes ``o · u`` to the explained logit (difference). Attention
-outputs are decomposed onto source tokens through the cached pattern and value vectors:
+outputs are decomposed onto source tokens through the cached pattern and full value vectors:
 
-    Δ^l_h(j) = α^{l,h}_tj · ṽ^{l,h}_j W_O^{l,h} · u,   ṽ_j = v_j − θ_V   (θ_V = β₁W_V + b_V),
+    Δ^l_h(j) = α^{l,h}_tj · v^{l,h}_j W_O^{l,h} · u,   v_j = ṽ_j + θ_V   (θ_V = β₁W_V + b_V),
 
-leaving ``b_O·u + Σ_h θ_V W_O^h·u`` (attention bias, ``A·θ``), ``mlp_l[t]·u`` (MLP), ``x⁰_t·u``
-(embedding) and ``β_f·d + b_U[y] − b_U[y']`` (bias). Then
+i.e. the affine term ``α_tj θ_V W_O`` belongs to source j (the official "aff_x_j"), leaving
+``b_O·u`` (attention bias), ``mlp_l[t]·u`` (MLP), ``x⁰_t·u`` (embedding) and
+``β_f·d + b_U[y] − b_U[y']`` (bias). Then
 
     logit = Σ_l Σ_{h,j} Δ^l_h(j) + Σ_l mlp_l + Σ_l attn_bias_l + embedding + bias     (exactly).
 
 Layer l's token contributions live on the positions of its input residual; they are traced to the
 input tokens through the ALTI mixing matrices of the layers below (see ``alti_mixing``):
-``layer_scores[l] = Δ^l · A_{l−1} ⋯ A_0``, ``scores = Σ_l layer_scores[l]``.
+``layer_scores[l] = Δ^l · A_{l−1} ⋯ A_0``, ``scores = Σ_l layer_scores[l]`` (the official
+"logit_aff_x_j_alti" summed over layers; like the official evaluation, the embedding of the
+target position stays in ``parts["embedding"]`` and is not added to ``scores``).
 
 **ALTI** (encoders and decoders): ``scores = e_t A_{L−1} ⋯ A_0`` (rollout of the mixing matrices),
 ``layer_scores[l] = e_t A_l ⋯ A_0``.
+
+Departures from the official code: ``l1_eps`` defaults to 0 where the official L1 distance adds
+1e-6 (``l1_eps=1e-6`` reproduces it, future-token artifact included; the default differs from it
+by ~1e-6 relative); ``y_i`` is the forward's own attention-block output rather than its
+reconstruction (equal up to rounding). ``affine="separate"`` is a non-default variant (not the
+papers'): the affine term goes to ``parts["attn_bias"]`` and the ALTI mixing matrices use ``ṽ``.
+Under the official convention the token terms depend on where a checkpoint keeps its value biases
+(load models with ``fold_value_biases=False``, as ``load_model`` does); under "separate" they
+do not.
 
 A custom ``Target.head`` is supported by ALTI-Logit only when it is a ``torch.nn.Linear`` on the
 final residual (its weight gives the direction, its bias a bias term); anything else raises.
@@ -32,7 +48,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -57,6 +73,10 @@ from lens_attrib.methods.registry import register
 from lens_attrib.models import is_encoder
 from lens_attrib.target import ResolvedTarget, Target, TargetError
 
+#: Where the affine term ``α_ij θ_V W_O`` of the attention output goes (see the module docstring).
+Affine = Literal["source", "separate"]
+AFFINE_MODES = ("source", "separate")
+
 
 def work_dtype(model: Any) -> torch.dtype:
     """float64 for float64 models, float32 otherwise (bf16/fp16 activations are upcast)."""
@@ -73,6 +93,8 @@ class AltiCache:
     mixing_layers: set[int]
     chunk_size: int | None
     dtype: torch.dtype
+    affine: Affine = "source"
+    l1_eps: float = 0.0
     v: dict[int, Tensor] = field(default_factory=dict)
     alpha_t: dict[int, Tensor] = field(default_factory=dict)
     mlp_t: dict[int, Tensor] = field(default_factory=dict)
@@ -140,14 +162,22 @@ class AltiCache:
             self.mats[layer] = self.encoder_mixing(layer, x)
             self._tmp.clear()
 
+    def source_values(self, layer: int, pre_norm: bool) -> Tensor:
+        """Value vectors attributed to their source token: ``v`` (official), or ``v − θ_V``."""
+        v = self.v[layer]
+        if self.affine == "source":
+            return v
+        block = self.model.blocks[layer]
+        ln = norm_params(block.ln1) if pre_norm else None
+        return v - value_bias(block.attn, ln, v.shape[-2]).to(self.dtype)
+
     def decoder_mixing(self, layer: int, y: Tensor) -> Tensor:
         block = self.model.blocks[layer]
-        x, pattern, v = self._tmp["x"], self._tmp["pattern"], self.v[layer]
-        theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(self.dtype)
+        x, pattern, v = self._tmp["x"], self._tmp["pattern"], self.source_values(layer, True)
         w_o = block.attn.W_O.to(self.dtype)
         mats = []
         for b in range(x.shape[0]):
-            o = head_outputs(v[b] - theta, w_o)
+            o = head_outputs(v[b], w_o)
             mats.append(
                 mixing_matrix(
                     pattern[b],
@@ -158,6 +188,7 @@ class AltiCache:
                     n_rows=int(self.positions[b]) + 1,
                     chunk_size=self.chunk_size,
                     mask=self.batch.mask[b],
+                    l1_eps=self.l1_eps,
                 )
             )
         return torch.stack(mats)
@@ -168,19 +199,18 @@ class AltiCache:
         x, pattern, v, scale = (
             self._tmp["x"],
             self._tmp["pattern"],
-            self.v[layer],
+            self.source_values(layer, False),
             self._tmp["scale"],
         )
         weight = None if ln.weight is None else ln.weight.to(self.dtype)
         y = normalized * (1.0 if weight is None else weight)
         if ln.bias is not None:
             y = y + ln.bias.to(self.dtype)
-        theta = value_bias(block.attn, None, v.shape[-2]).to(self.dtype)
         w_o = block.attn.W_O.to(self.dtype)
         params = type(ln)(ln.center, weight, None)
         mats = []
         for b in range(x.shape[0]):
-            o = head_outputs(v[b] - theta, w_o)
+            o = head_outputs(v[b], w_o)
             post = PostNorm(scale[b], params)
             mats.append(
                 mixing_matrix(
@@ -192,6 +222,7 @@ class AltiCache:
                     chunk_size=self.chunk_size,
                     post=post,
                     mask=self.batch.mask[b],
+                    l1_eps=self.l1_eps,
                 )
             )
         return torch.stack(mats)
@@ -203,10 +234,20 @@ def run_alti_forward(
     target: Target,
     mixing_layers: set[int],
     chunk_size: int | None,
+    *,
+    affine: Affine = "source",
+    l1_eps: float = 0.0,
 ) -> tuple[Forward, AltiCache]:
     """One forward recording exactly what ALTI / ALTI-Logit need."""
     cache = AltiCache(
-        model, batch, target.positions(batch), mixing_layers, chunk_size, work_dtype(model)
+        model,
+        batch,
+        target.positions(batch),
+        mixing_layers,
+        chunk_size,
+        work_dtype(model),
+        affine,
+        l1_eps,
     )
     result = forward(model, batch, target, cache.hooks())
     return result, cache
@@ -245,9 +286,18 @@ def logit_direction(
     return u, const
 
 
-def _check_options(chunk_size: int | None) -> None:
+def _check_options(chunk_size: int | None, affine: str, l1_eps: float) -> None:
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of query rows, got {chunk_size}")
+    if affine not in AFFINE_MODES:
+        raise ValueError(
+            f"affine must be 'source' (official: the value-bias term goes to its source token) "
+            f"or 'separate' (it goes to parts['attn_bias']), got {affine!r}"
+        )
+    if not (l1_eps >= 0.0 and l1_eps < float("inf")):
+        raise ValueError(
+            f"l1_eps must be a finite number ≥ 0 (official code: 1e-6), got {l1_eps!r}"
+        )
 
 
 @register("alti_logit", encoder=False, per_layer=True, instead="alti")
@@ -258,29 +308,44 @@ def alti_logit(
     *,
     chunk_size: int | None = None,
     trace_heads: bool = False,
+    affine: Affine = "source",
+    l1_eps: float = 0.0,
 ) -> Attribution:
     """ALTI-Logit (Ferrando et al. 2023): logit contributions traced to input tokens.
 
     Options: ``chunk_size`` (query rows per chunk of the mixing computation; default: a memory
-    budget of 2^24 elements), ``trace_heads`` (trace ``head_token_scores`` to input tokens through
-    the mixing matrices below; default: they are on the layer's own input positions).
+    budget of 2^22 elements), ``trace_heads`` (trace ``head_token_scores`` to input tokens through
+    the mixing matrices below; default: they are on the layer's own input positions, the
+    official "aff_x_j_h"), ``affine`` ("source", official: ``α_tj θ_V W_O`` is part of token j's
+    terms; "separate": it goes to ``parts["attn_bias"]``, not the paper's convention),
+    ``l1_eps`` (ε added inside the L1 distances of the mixing matrices; the official code uses
+    1e-6, the default 0 measures the plain distance).
 
     Returns ``scores`` ``[batch, pos]``, ``layer_scores`` ``[batch, layer, pos]``, ``head_scores``
     ``[batch, layer, head]`` and ``head_token_scores`` ``[batch, layer, head, pos]``, and in
     ``parts``: ``mlp`` ``[batch, layer]``, ``attn_bias`` ``[batch, layer]``, ``embedding``
     ``[batch]`` (embedding of the target position), ``bias`` ``[batch]`` (unembedding bias and
-    final-norm β), ``logit`` ``[batch]`` (the explained value). ``scores.sum(-1) + mlp.sum(-1) +
+    final-norm β), ``logit`` ``[batch]`` (the explained value). ``attn_bias`` is ``b_O·u`` (plus
+    the affine term with ``affine="separate"``). ``scores.sum(-1) + mlp.sum(-1) +
     attn_bias.sum(-1) + embedding + bias == logit``.
     """
     if is_encoder(model):
         raise TargetError("alti_logit applies to decoders; use method 'alti' for encoders.")
-    _check_options(chunk_size)
+    _check_options(chunk_size, affine, l1_eps)
     started = time.perf_counter()
     batch, target = prepare(model, inputs, target)
     n_layers = model.cfg.n_layers
     dtype = work_dtype(model)
     with model_guard(model):
-        result, cache = run_alti_forward(model, batch, target, set(range(n_layers - 1)), chunk_size)
+        result, cache = run_alti_forward(
+            model,
+            batch,
+            target,
+            set(range(n_layers - 1)),
+            chunk_size,
+            affine=affine,
+            l1_eps=l1_eps,
+        )
         assert result.value is not None
         u, const = logit_direction(model, target, result.resolved, cache.final_scale, dtype)
         n_heads = model.cfg.n_heads
@@ -289,14 +354,17 @@ def alti_logit(
         mlp = []
         for layer in range(n_layers):
             block = model.blocks[layer]
-            v = cache.v[layer]
-            theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
             w = torch.einsum("hkd,bd->bhk", block.attn.W_O.to(dtype), u)
-            vt = torch.einsum("bthk,bhk->bht", expand_kv(v - theta, n_heads), w)
+            v = cache.source_values(layer, True)
+            vt = torch.einsum("bthk,bhk->bht", expand_kv(v, n_heads), w)
             alpha = cache.alpha_t[layer]
             head_tok.append(alpha * vt)
-            bias_heads = torch.einsum("bh,hk,bhk->b", alpha.sum(-1), expand_kv(theta, n_heads), w)
-            attn_bias.append(bias_heads + u @ block.attn.b_O.to(dtype))
+            bias = u @ block.attn.b_O.to(dtype)
+            if affine == "separate":
+                theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
+                theta_u = torch.einsum("hk,bhk->bh", expand_kv(theta, n_heads), w)
+                bias = bias + torch.einsum("bh,bh->b", alpha.sum(-1), theta_u)
+            attn_bias.append(bias)
             mlp.append((cache.mlp_t[layer] * u).sum(-1))
         head_token = torch.stack(head_tok, 1)  # [batch, layer, head, pos]
         mats = [cache.mats[k] for k in range(n_layers - 1)]
@@ -322,7 +390,12 @@ def alti_logit(
             "alti_logit",
             scores,
             started=started,
-            options={"chunk_size": chunk_size, "trace_heads": trace_heads},
+            options={
+                "chunk_size": chunk_size,
+                "trace_heads": trace_heads,
+                "affine": affine,
+                "l1_eps": l1_eps,
+            },
             layer_scores=layer_scores * batch.mask[:, None].to(dtype),
             head_scores=head_token.sum(-1),
             head_token_scores=head_token,
@@ -332,13 +405,26 @@ def alti_logit(
 
 
 def alti_mixing_matrices(
-    model: Any, inputs: Any, target: Target | None = None, *, chunk_size: int | None = None
+    model: Any,
+    inputs: Any,
+    target: Target | None = None,
+    *,
+    chunk_size: int | None = None,
+    affine: Affine = "source",
+    l1_eps: float = 0.0,
 ) -> tuple[Batch, Forward, list[Tensor]]:
     """Every layer's ALTI mixing matrix ``[batch, pos, pos]`` (decoders: rows ≤ target)."""
+    _check_options(chunk_size, affine, l1_eps)
     batch, target = prepare(model, inputs, target)
     with model_guard(model):
         result, cache = run_alti_forward(
-            model, batch, target, set(range(model.cfg.n_layers)), chunk_size
+            model,
+            batch,
+            target,
+            set(range(model.cfg.n_layers)),
+            chunk_size,
+            affine=affine,
+            l1_eps=l1_eps,
         )
     return batch, result, [cache.mats[k] for k in range(model.cfg.n_layers)]
 
@@ -350,16 +436,21 @@ def alti(
     target: Target | None = None,
     *,
     chunk_size: int | None = None,
+    affine: Affine = "source",
+    l1_eps: float = 0.0,
 ) -> Attribution:
     """ALTI (Ferrando et al. 2022): rollout of token-mixing matrices, the target row.
 
     ``scores[b] = (A_{L−1} ⋯ A_0)[t_b]``; ``layer_scores[b, l] = (A_l ⋯ A_0)[t_b]`` (contributions
     of the input tokens to the representation of the target position after layer l). Rows sum
-    to 1 over real tokens. Option ``chunk_size`` as in ``alti_logit``.
+    to 1 over real tokens. Options ``chunk_size``, ``affine`` and ``l1_eps`` as in
+    ``alti_logit``.
     """
-    _check_options(chunk_size)
+    _check_options(chunk_size, affine, l1_eps)
     started = time.perf_counter()
-    batch, result, mats = alti_mixing_matrices(model, inputs, target, chunk_size=chunk_size)
+    batch, result, mats = alti_mixing_matrices(
+        model, inputs, target, chunk_size=chunk_size, affine=affine, l1_eps=l1_eps
+    )
     n_layers = model.cfg.n_layers
     positions = result.resolved.positions
     rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)
@@ -374,7 +465,7 @@ def alti(
         "alti",
         scores,
         started=started,
-        options={"chunk_size": chunk_size},
+        options={"chunk_size": chunk_size, "affine": affine, "l1_eps": l1_eps},
         layer_scores=layer_scores,
         meta={"target_position_only": result.position_only},
     )
