@@ -31,9 +31,12 @@ target position stays in ``parts["embedding"]`` and is not added to ``scores``).
 ``layer_scores[l] = e_t A_l ⋯ A_0``.
 
 Departures from the official code: ``l1_eps`` defaults to 0 where the official L1 distance adds
-1e-6 (``l1_eps=1e-6`` reproduces it, future-token artifact included; the default differs from it
-by ~1e-6 relative); ``y_i`` is the forward's own attention-block output rather than its
-reconstruction (equal up to rounding). ``affine="separate"`` is a non-default variant (not the
+1e-6 to every coordinate (``l1_eps=1e-6`` reproduces it, future-token artifact included, to
+~1e-13; the default moves each contribution ``c_ij`` by up to ``d_model·1e-6``, up to 2e-5 of the
+largest value on small random GPT-2s); ``y_i`` is the forward's own attention-block output
+rather than its reconstruction (equal up to rounding). The encoder path follows the same
+convention as the official BERT code (mt-upc/transformer-contributions: value vectors with
+``b_V`` go to their source token). ``affine="separate"`` is a non-default variant (not the
 papers'): the affine term goes to ``parts["attn_bias"]`` and the ALTI mixing matrices use ``ṽ``.
 Under the official convention the token terms depend on where a checkpoint keeps its value biases
 (load models with ``fold_value_biases=False``, as ``load_model`` does); under "separate" they

@@ -233,7 +233,11 @@ def mixing_matrix(
         later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
         later[n_rows:] = False
         later[:, n_rows:] = False  # positions after the explained one get nothing
-        future = torch.clamp(y_norm - minus.abs().sum(-1), min=0.0) if l1_eps else y_norm * 0
+        future = (
+            torch.clamp(y_norm - minus.abs().sum(-1), min=0.0)
+            if l1_eps
+            else torch.zeros_like(y_norm)
+        )
         out = torch.where(later, future[:, None], out)
     if mask is not None:
         out = out * mask[None, :].to(out.dtype)
