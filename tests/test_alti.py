@@ -1,5 +1,6 @@
 """ALTI and ALTI-Logit: exact decomposition, reconstruction, independent reference mixing
-matrices, chunking, batching, GQA, encoders, custom heads, SmolLM2."""
+matrices (both affine conventions, with and without the L1 ε), chunking, batching, GQA,
+encoders, custom heads, SmolLM2. Equality with the official code: test_alti_official.py."""
 
 from __future__ import annotations
 
@@ -70,13 +71,24 @@ def test_decomposition_is_exact(models64, arch, foil):
     assert (a.scores[~a.mask] == 0).all() and (a.head_token_scores[..., ~a.mask[0]][0] == 0).all()
 
 
-def test_decomposition_at_other_position(models64):
-    a = alti_logit(models64["gpt2"], PROMPTS, Target(position=2))
+@pytest.mark.parametrize("l1_eps", [0.0, 1e-3])
+def test_decomposition_at_other_position(models64, l1_eps):
+    a = alti_logit(models64["gpt2"], PROMPTS, Target(position=2), l1_eps=l1_eps)
+    r = alti(models64["gpt2"], PROMPTS, Target(position=2), l1_eps=l1_eps)
     assert torch.allclose(total_of(a), a.parts["logit"], atol=1e-8, rtol=0)
-    # causal: tokens after the target get nothing
+    # causal: tokens after the target get nothing (also from the ε artifact)
     for b in range(2):
         t = int(a.target.positions[b])
-        assert (a.scores[b, t + 1 :] == 0).all()
+        assert (a.scores[b, t + 1 :] == 0).all() and (r.layer_scores[b, :, t + 1 :] == 0).all()
+        assert (r.layer_scores[b, :, : t + 1] > 0).any()
+
+
+def test_bad_options_raise(models64):
+    model = models64["gpt2"]
+    with pytest.raises(ValueError, match="affine"):
+        alti_logit(model, PROMPTS, affine="bias")
+    with pytest.raises(ValueError, match="l1_eps"):
+        alti(model, PROMPTS, l1_eps=-1e-6)
 
 
 def reference_u(model, a) -> torch.Tensor:
@@ -97,11 +109,14 @@ def reference_u(model, a) -> torch.Tensor:
     return u, cache
 
 
+@pytest.mark.parametrize("affine", ["source", "separate"])
 @pytest.mark.parametrize("arch", DECODERS)
-def test_head_mlp_and_embedding_parts_match_cache(models64, arch):
-    """Per-head contributions + their value-bias share = z_h W_O^h · u; MLP part = mlp_out · u."""
+def test_head_mlp_and_embedding_parts_match_cache(models64, arch, affine):
+    """Per-head contributions = z_h W_O^h · u (official) or that minus its value-bias share
+    (``affine="separate"``); with ``attn_bias`` they give attn_out · u; MLP part = mlp_out · u."""
     model = models64[arch]
-    a = alti_logit(model, PROMPTS)
+    a = alti_logit(model, PROMPTS, affine=affine)
+    assert torch.allclose(total_of(a), a.parts["logit"], atol=1e-8, rtol=0)
     u, cache = reference_u(model, a)
     idx, pos = torch.arange(2), a.target.positions
     emb = cache["blocks.0.hook_resid_pre"][idx, pos]
@@ -114,7 +129,10 @@ def test_head_mlp_and_embedding_parts_match_cache(models64, arch):
         if getattr(model.blocks[layer].ln1, "b", None) is not None:
             theta = theta + torch.einsum("d,hdk->hk", model.blocks[layer].ln1.b, attn.W_V)
         bias_share = torch.einsum("hk,hkd,bd->bh", theta, attn.W_O, u)  # Σ_j α = 1
-        assert torch.allclose(a.head_scores[:, layer], per_head - bias_share, atol=1e-10)
+        expected = per_head if affine == "source" else per_head - bias_share
+        assert torch.allclose(a.head_scores[:, layer], expected, atol=1e-10)
+        if affine == "source":
+            assert torch.allclose(a.parts["attn_bias"][:, layer], u @ attn.b_O, atol=1e-10)
         attn_out = cache[f"blocks.{layer}.hook_attn_out"][idx, pos]
         assert torch.allclose(
             a.head_scores[:, layer].sum(-1) + a.parts["attn_bias"][:, layer],
@@ -126,8 +144,11 @@ def test_head_mlp_and_embedding_parts_match_cache(models64, arch):
 
 
 # ---------------------------------------------------------------- reference mixing
-def reference_decoder_layer(model, cache, layer, b):
-    """Naive ALTI transformed vectors from weights and the linearized ln1 (no cached values)."""
+def reference_decoder_layer(model, cache, layer, b, affine="source"):
+    """Naive ALTI transformed vectors from weights and the linearized ln1 (no cached values).
+
+    ``affine="source"`` (official): ``T_i(x_j)`` includes ``Σ_h α^h_ij θ^h W_O^h`` and the bias is
+    ``b_O``; "separate": the linear part only, the ``A·θ`` term in the bias."""
     block = model.blocks[layer]
     x = cache[f"blocks.{layer}.hook_resid_pre"][b]
     scale = cache[f"blocks.{layer}.ln1.hook_scale"][b]
@@ -145,7 +166,12 @@ def reference_decoder_layer(model, cache, layer, b):
     if getattr(block.ln1, "b", None) is not None:
         theta = theta + torch.einsum("d,hdk->hk", block.ln1.b, block.attn.W_V)
     theta_o = torch.einsum("hk,hke->he", theta, block.attn.W_O)
-    bias = block.attn.b_O + torch.einsum("hij,he->ie", alpha, theta_o)
+    affine_term = torch.einsum("hij,he->ije", alpha, theta_o)
+    if affine == "source":
+        t = t + affine_term
+        bias = block.attn.b_O.expand(n, -1)
+    else:
+        bias = block.attn.b_O + affine_term.sum(1)
     if model.cfg.parallel_attn_mlp:
         y = x + cache[f"blocks.{layer}.hook_attn_out"][b]
     else:
@@ -153,26 +179,32 @@ def reference_decoder_layer(model, cache, layer, b):
     return t, bias, y
 
 
-def reference_mixing(t, y):
+def reference_mixing(t, y, eps=0.0):
+    """``c_ij = max(0, ‖y_i‖₁ − ‖t_ij − y_i + ε‖₁)`` over every pair (i, j), row-normalized."""
     y_norm = y.abs().sum(-1)
-    c = torch.clamp(y_norm[:, None] - (y[:, None] - t).abs().sum(-1), min=0)
+    c = torch.clamp(y_norm[:, None] - (t - y[:, None] + eps).abs().sum(-1), min=0)
     return c / c.sum(-1, keepdim=True)
 
 
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+@pytest.mark.parametrize("affine", ["source", "separate"])
 @pytest.mark.parametrize("arch", DECODERS)
-def test_reconstruction_and_reference_mixing(models64, arch):
+def test_reconstruction_and_reference_mixing(models64, arch, affine, eps):
     model = models64[arch]
     text = PROMPTS[1]
-    batch, _, mats = alti_mixing_matrices(model, text, chunk_size=3)
+    batch, _, mats = alti_mixing_matrices(model, text, chunk_size=3, affine=affine, l1_eps=eps)
     _, cache = model.run_with_cache(batch.tokens)
     for layer in range(model.cfg.n_layers):
-        t, bias, y = reference_decoder_layer(model, cache, layer, 0)
+        t, bias, y = reference_decoder_layer(model, cache, layer, 0, affine)
         assert torch.allclose(t.sum(1) + bias, y, atol=1e-10)  # reconstruction (reference)
         # the library's own transformed vectors rebuild resid_mid too
         block = model.blocks[layer]
         v = cache[f"blocks.{layer}.attn.hook_v"][0]
         theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2])
-        o = head_outputs(v - theta, block.attn.W_O)
+        if affine == "separate":
+            o = head_outputs(v - theta, block.attn.W_O)
+        else:
+            o, theta = head_outputs(v, block.attn.W_O), None
         alpha = cache[f"blocks.{layer}.attn.hook_pattern"][0]
         x = cache[f"blocks.{layer}.hook_resid_pre"][0]
         n = x.shape[0]
@@ -180,12 +212,17 @@ def test_reconstruction_and_reference_mixing(models64, arch):
         lib_bias = attention_bias(alpha, theta, block.attn.W_O, block.attn.b_O)
         assert torch.allclose(lib_t.sum(0) + lib_bias, y, atol=1e-10)
         assert torch.allclose(lib_t.transpose(0, 1), t, atol=1e-10)
-        assert torch.allclose(mats[layer][0], reference_mixing(t, y), atol=1e-10)
+        # the reference scores every pair, so later tokens get the ε artifact (zero for ε = 0)
+        assert torch.allclose(mats[layer][0], reference_mixing(t, y, eps), atol=1e-10)
 
 
-def test_encoder_reconstruction_and_reference_mixing(bert64):
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+@pytest.mark.parametrize("affine", ["source", "separate"])
+def test_encoder_reconstruction_and_reference_mixing(bert64, affine, eps):
     model = bert64
-    batch, _, mats = alti_mixing_matrices(model, PROMPTS[0], chunk_size=2)
+    batch, _, mats = alti_mixing_matrices(
+        model, PROMPTS[0], chunk_size=2, affine=affine, l1_eps=eps
+    )
     _, cache = model.run_with_cache(batch.tokens)
     for layer in range(model.cfg.n_layers):
         block = model.blocks[layer]
@@ -195,22 +232,25 @@ def test_encoder_reconstruction_and_reference_mixing(bert64):
         y = cache[f"blocks.{layer}.ln1.hook_normalized"][0] * block.ln1.w + block.ln1.b
         w_ov = torch.einsum("hdk,hke->hde", block.attn.W_V, block.attn.W_O)
         z = torch.einsum("hij,jd,hde->ije", alpha, x, w_ov) + torch.diag_embed(x.T).permute(1, 2, 0)
+        affine_term = torch.einsum("hij,hk,hke->ije", alpha, block.attn.b_V, block.attn.W_O)
+        pre_bias = block.attn.b_O.expand_as(x)
+        if affine == "source":
+            z = z + affine_term
+        else:
+            pre_bias = pre_bias + affine_term.sum(1)
         t = (z - z.mean(-1, keepdim=True)) / scale[:, None] * block.ln1.w
-        pre_bias = block.attn.b_O + torch.einsum(
-            "hij,hk,hke->ie", alpha, block.attn.b_V, block.attn.W_O
-        )
         bias = (pre_bias - pre_bias.mean(-1, keepdim=True)) / scale * block.ln1.w + block.ln1.b
         assert torch.allclose(t.sum(1) + bias, y, atol=1e-10)
         lib_bias = attention_bias(
             alpha,
-            block.attn.b_V,
+            block.attn.b_V if affine == "separate" else None,
             block.attn.W_O,
             block.attn.b_O,
             PostNorm(scale[:, 0], norm_params(block.ln1)),
             block.ln1.b,
         )
         assert torch.allclose(lib_bias, bias, atol=1e-10)
-        assert torch.allclose(mats[layer][0], reference_mixing(t, y), atol=1e-10)
+        assert torch.allclose(mats[layer][0], reference_mixing(t, y, eps), atol=1e-10)
 
 
 # ---------------------------------------------------------------- chunking, batching, GQA
@@ -222,9 +262,10 @@ def test_chunked_equals_unchunked(models64, arch):
         a = alti_logit(model, PROMPTS, chunk_size=chunk, trace_heads=True)
         assert torch.allclose(a.scores, full.scores, atol=1e-12)
         assert torch.allclose(a.head_token_scores, full.head_token_scores, atol=1e-12)
-    r1 = alti(model, PROMPTS, chunk_size=1)
-    r2 = alti(model, PROMPTS)
-    assert torch.allclose(r1.layer_scores, r2.layer_scores, atol=1e-12)
+    for eps in (0.0, 1e-3):
+        r1 = alti(model, PROMPTS, chunk_size=1, l1_eps=eps)
+        r2 = alti(model, PROMPTS, l1_eps=eps)
+        assert torch.allclose(r1.layer_scores, r2.layer_scores, atol=1e-12)
 
 
 @pytest.mark.parametrize("arch", DECODERS)

@@ -61,17 +61,22 @@ class EvalResult:
         return "\n".join(lines)
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean (NaN-ignoring), std, count and 95% bootstrap interval per method × metric (× layer).
+GROUP = ("method", "metric", "layer")
+"""The default grouping of :func:`summarize`."""
 
+
+def summarize(records: Sequence[dict[str, Any]], by: Sequence[str] = GROUP) -> list[dict[str, Any]]:
+    """Mean (NaN-ignoring), std, count and 95% bootstrap interval per group of ``by`` fields.
+
+    Default groups: method × metric × layer (experiments add fields such as ``task``).
     ``ci_low``/``ci_high``: :func:`bootstrap_ci` of the finite values; ``n_total`` counts the
     NaN values too (items a metric does not apply to).
     """
     groups: dict[tuple[Any, ...], list[float]] = {}
     for r in records:
-        groups.setdefault((r["method"], r["metric"], r.get("layer")), []).append(r["value"])
+        groups.setdefault(tuple(r.get(k) for k in by), []).append(r["value"])
     rows = []
-    for (method, metric, layer), values in groups.items():
+    for key, values in groups.items():
         finite = [v for v in values if v is not None and not math.isnan(v)]
         n = len(finite)
         mean = sum(finite) / n if n else float("nan")
@@ -79,9 +84,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         low, high = bootstrap_ci(finite)
         rows.append(
             {
-                "method": method,
-                "metric": metric,
-                "layer": layer,
+                **dict(zip(by, key)),
                 "mean": mean,
                 "std": math.sqrt(var) if n > 1 else float("nan"),
                 "n": n,
@@ -90,8 +93,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ci_high": high,
             }
         )
-    rows.sort(key=lambda r: (r["method"], r["metric"], -1 if r["layer"] is None else r["layer"]))
+    rows.sort(key=lambda r: tuple(_order(r[k]) for k in by))
     return rows
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    """Sort key that puts None first and never compares None with numbers or strings."""
+    return (0, "") if value is None else (1, value)
 
 
 # --------------------------------------------------------------------------- I/O
@@ -173,6 +181,7 @@ def merge_records(paths: Sequence[str | Path]) -> EvalResult:
 
 
 __all__ = [
+    "GROUP",
     "KEY",
     "EvalResult",
     "bootstrap_ci",

@@ -1,5 +1,9 @@
 """ALTI (Ferrando et al. 2022) and ALTI-Logit (Ferrando et al. 2023), read from one hooked forward.
 
+Both follow the official code (github.com/mt-upc/logit-explanations, ``src/contributions.py``,
+``compute_alti`` in ``src/utils_contributions.py``, ``track2input_tokens`` in
+``extract_explanations.py``), which the tests compare against on committed fixtures.
+
 **ALTI-Logit** (decoders). The final residual at the target position ``t`` is the sum of the
 embedding ``x⁰_t``, every attention block's output and every MLP block's output. The final norm is
 linearized with its actual scale ``σ_t`` and folded with the head direction into one vector
@@ -7,21 +11,36 @@ linearized with its actual scale ``σ_t`` and folded with the head direction int
     u = c(γ_f ⊙ (W_U[:, y] − W_U[:, y'])) / σ_t        (``c`` centres for LayerNorm only),
 
 so that a block output ``o`` contributes ``o · u`` to the explained logit (difference). Attention
-outputs are decomposed onto source tokens through the cached pattern and value vectors:
+outputs are decomposed onto source tokens through the cached pattern and full value vectors:
 
-    Δ^l_h(j) = α^{l,h}_tj · ṽ^{l,h}_j W_O^{l,h} · u,   ṽ_j = v_j − θ_V   (θ_V = β₁W_V + b_V),
+    Δ^l_h(j) = α^{l,h}_tj · v^{l,h}_j W_O^{l,h} · u,   v_j = ṽ_j + θ_V   (θ_V = β₁W_V + b_V),
 
-leaving ``b_O·u + Σ_h θ_V W_O^h·u`` (attention bias, ``A·θ``), ``mlp_l[t]·u`` (MLP), ``x⁰_t·u``
-(embedding) and ``β_f·d + b_U[y] − b_U[y']`` (bias). Then
+i.e. the affine term ``α_tj θ_V W_O`` belongs to source j (the official "aff_x_j"), leaving
+``b_O·u`` (attention bias), ``mlp_l[t]·u`` (MLP), ``x⁰_t·u`` (embedding) and
+``β_f·d + b_U[y] − b_U[y']`` (bias). Then
 
     logit = Σ_l Σ_{h,j} Δ^l_h(j) + Σ_l mlp_l + Σ_l attn_bias_l + embedding + bias     (exactly).
 
 Layer l's token contributions live on the positions of its input residual; they are traced to the
 input tokens through the ALTI mixing matrices of the layers below (see ``alti_mixing``):
-``layer_scores[l] = Δ^l · A_{l−1} ⋯ A_0``, ``scores = Σ_l layer_scores[l]``.
+``layer_scores[l] = Δ^l · A_{l−1} ⋯ A_0``, ``scores = Σ_l layer_scores[l]`` (the official
+"logit_aff_x_j_alti" summed over layers; like the official evaluation, the embedding of the
+target position stays in ``parts["embedding"]`` and is not added to ``scores``).
 
 **ALTI** (encoders and decoders): ``scores = e_t A_{L−1} ⋯ A_0`` (rollout of the mixing matrices),
 ``layer_scores[l] = e_t A_l ⋯ A_0``.
+
+Departures from the official code: ``l1_eps`` defaults to 0 where the official L1 distance adds
+1e-6 to every coordinate (``l1_eps=1e-6`` reproduces it, future-token artifact included, to
+~1e-13; the default moves each contribution ``c_ij`` by up to ``d_model·1e-6``, up to 2e-5 of the
+largest value on small random GPT-2s); ``y_i`` is the forward's own attention-block output
+rather than its reconstruction (equal up to rounding). The encoder path follows the same
+convention as the official BERT code (mt-upc/transformer-contributions: value vectors with
+``b_V`` go to their source token). ``affine="separate"`` is a non-default variant (not the
+papers'): the affine term goes to ``parts["attn_bias"]`` and the ALTI mixing matrices use ``ṽ``.
+Under the official convention the token terms depend on where a checkpoint keeps its value biases
+(load models with ``fold_value_biases=False``, as ``load_model`` does); under "separate" they
+do not.
 
 A custom ``Target.head`` is supported by ALTI-Logit only when it is a ``torch.nn.Linear`` on the
 final residual (its weight gives the direction, its bias a bias term); anything else raises.
@@ -31,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -60,6 +79,10 @@ from lens_attrib.methods.registry import (
 )
 from lens_attrib.target import ResolvedTarget, Target, TargetError
 
+#: Where the affine term ``α_ij θ_V W_O`` of the attention output goes (see the module docstring).
+Affine = Literal["source", "separate"]
+AFFINE_MODES = ("source", "separate")
+
 
 @dataclass
 class AltiCache:
@@ -71,6 +94,8 @@ class AltiCache:
     mixing_layers: set[int]
     chunk_size: int | None
     dtype: torch.dtype
+    affine: Affine = "source"
+    l1_eps: float = 0.0
     v: dict[int, Tensor] = field(default_factory=dict)
     alpha_t: dict[int, Tensor] = field(default_factory=dict)
     mlp_t: dict[int, Tensor] = field(default_factory=dict)
@@ -82,6 +107,15 @@ class AltiCache:
     @property
     def encoder(self) -> bool:
         return self.batch.arch.encoder
+
+    def source_values(self, layer: int, pre_norm: bool) -> Tensor:
+        """Value vectors attributed to their source token: ``v`` (official), or ``v − θ_V``."""
+        v = self.v[layer]
+        if self.affine == "source":
+            return v
+        block = self.model.blocks[layer]
+        ln = norm_params(block.ln1) if pre_norm else None
+        return v - value_bias(block.attn, ln, v.shape[-2]).to(self.dtype)
 
     def hooks(self) -> list[tuple[str, Callable[..., None]]]:
         hooks: list[tuple[str, Callable[..., None]]] = []
@@ -139,12 +173,11 @@ class AltiCache:
 
     def decoder_mixing(self, layer: int, y: Tensor) -> Tensor:
         block = self.model.blocks[layer]
-        x, pattern, v = self._tmp["x"], self._tmp["pattern"], self.v[layer]
-        theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(self.dtype)
+        x, pattern, v = self._tmp["x"], self._tmp["pattern"], self.source_values(layer, True)
         w_o = block.attn.W_O.to(self.dtype)
         mats = []
         for b in range(x.shape[0]):
-            o = head_outputs(v[b] - theta, w_o)
+            o = head_outputs(v[b], w_o)
             mats.append(
                 mixing_matrix(
                     pattern[b],
@@ -155,6 +188,7 @@ class AltiCache:
                     n_rows=int(self.positions[b]) + 1,
                     chunk_size=self.chunk_size,
                     mask=self.batch.mask[b],
+                    l1_eps=self.l1_eps,
                 )
             )
         return torch.stack(mats)
@@ -165,19 +199,18 @@ class AltiCache:
         x, pattern, v, scale = (
             self._tmp["x"],
             self._tmp["pattern"],
-            self.v[layer],
+            self.source_values(layer, False),
             self._tmp["scale"],
         )
         weight = None if ln.weight is None else ln.weight.to(self.dtype)
         y = normalized * (1.0 if weight is None else weight)
         if ln.bias is not None:
             y = y + ln.bias.to(self.dtype)
-        theta = value_bias(block.attn, None, v.shape[-2]).to(self.dtype)
         w_o = block.attn.W_O.to(self.dtype)
         params = type(ln)(ln.center, weight, None)
         mats = []
         for b in range(x.shape[0]):
-            o = head_outputs(v[b] - theta, w_o)
+            o = head_outputs(v[b], w_o)
             post = PostNorm(scale[b], params)
             mats.append(
                 mixing_matrix(
@@ -189,6 +222,7 @@ class AltiCache:
                     chunk_size=self.chunk_size,
                     post=post,
                     mask=self.batch.mask[b],
+                    l1_eps=self.l1_eps,
                 )
             )
         return torch.stack(mats)
@@ -200,10 +234,20 @@ def run_alti_forward(
     target: Target,
     mixing_layers: set[int],
     chunk_size: int | None,
+    *,
+    affine: Affine = "source",
+    l1_eps: float = 0.0,
 ) -> tuple[Forward, AltiCache]:
     """One forward recording exactly what ALTI / ALTI-Logit need (after the user's hooks)."""
     cache = AltiCache(
-        model, batch, target.positions(batch), mixing_layers, chunk_size, batch.arch.work_dtype
+        model,
+        batch,
+        target.positions(batch),
+        mixing_layers,
+        chunk_size,
+        batch.arch.work_dtype,
+        affine,
+        l1_eps,
     )
     result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
     return result, cache
@@ -246,6 +290,21 @@ def logit_direction(
 CHUNK_OPTION = Option(
     None, check=positive_int_or_none, help="query rows per chunk (default: a memory budget)"
 )
+AFFINE_OPTION = Option(
+    "source",
+    choices=AFFINE_MODES,
+    help="'source' (official: α·θ_V·W_O goes to its source token) or 'separate' (attn_bias)",
+)
+
+
+def _nonnegative_finite(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e300
+    return None if ok else "a finite number >= 0 (the official code uses 1e-6)"
+
+
+L1_EPS_OPTION = Option(
+    0.0, check=_nonnegative_finite, help="ε inside the L1 distances (official code: 1e-6)"
+)
 
 
 @register(
@@ -259,6 +318,8 @@ CHUNK_OPTION = Option(
     options={
         "chunk_size": CHUNK_OPTION,
         "trace_heads": Option(False, check=is_bool, help="trace head scores to input tokens"),
+        "affine": AFFINE_OPTION,
+        "l1_eps": L1_EPS_OPTION,
     },
 )
 def alti_logit(
@@ -268,23 +329,32 @@ def alti_logit(
     *,
     chunk_size: int | None,
     trace_heads: bool,
+    affine: Affine,
+    l1_eps: float,
 ) -> MethodOutput:
     """ALTI-Logit (Ferrando et al. 2023): logit contributions traced to input tokens.
 
     Options: ``chunk_size`` (query rows per chunk of the mixing computation; default: a memory
-    budget of 2^24 elements), ``trace_heads`` (trace ``head_token_scores`` to input tokens through
-    the mixing matrices below; default: they are on the layer's own input positions).
+    budget of 2^22 elements), ``trace_heads`` (trace ``head_token_scores`` to input tokens through
+    the mixing matrices below; default: they are on the layer's own input positions, the
+    official "aff_x_j_h"), ``affine`` ("source", official: ``α_tj θ_V W_O`` is part of token j's
+    terms; "separate": it goes to ``parts["attn_bias"]``, not the paper's convention),
+    ``l1_eps`` (ε added inside the L1 distances of the mixing matrices; the official code uses
+    1e-6, the default 0 measures the plain distance).
 
     Returns ``scores`` ``[batch, pos]``, ``layer_scores`` ``[batch, layer, pos]``, ``head_scores``
     ``[batch, layer, head]`` and ``head_token_scores`` ``[batch, layer, head, pos]``, and in
     ``parts``: ``mlp`` ``[batch, layer]``, ``attn_bias`` ``[batch, layer]``, ``embedding``
     ``[batch]`` (embedding of the target position), ``bias`` ``[batch]`` (unembedding bias and
-    final-norm β), ``logit`` ``[batch]`` (the explained value). ``scores.sum(-1) + mlp.sum(-1) +
+    final-norm β), ``logit`` ``[batch]`` (the explained value). ``attn_bias`` is ``b_O·u`` (plus
+    the affine term with ``affine="separate"``). ``scores.sum(-1) + mlp.sum(-1) +
     attn_bias.sum(-1) + embedding + bias == logit``.
     """
     n_layers = batch.arch.n_layers
     dtype = batch.arch.work_dtype
-    result, cache = run_alti_forward(model, batch, target, set(range(n_layers - 1)), chunk_size)
+    result, cache = run_alti_forward(
+        model, batch, target, set(range(n_layers - 1)), chunk_size, affine=affine, l1_eps=l1_eps
+    )
     assert result.value is not None
     u, const = logit_direction(model, target, result.resolved, cache.final_scale, dtype)
     n_heads = batch.arch.n_heads
@@ -293,14 +363,17 @@ def alti_logit(
     mlp = []
     for layer in range(n_layers):
         block = model.blocks[layer]
-        v = cache.v[layer]
-        theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
+        v = cache.source_values(layer, True)
         w = torch.einsum("hkd,bd->bhk", block.attn.W_O.to(dtype), u)
-        vt = torch.einsum("bthk,bhk->bht", expand_kv(v - theta, n_heads), w)
+        vt = torch.einsum("bthk,bhk->bht", expand_kv(v, n_heads), w)
         alpha = cache.alpha_t[layer]
         head_tok.append(alpha * vt)
-        bias_heads = torch.einsum("bh,hk,bhk->b", alpha.sum(-1), expand_kv(theta, n_heads), w)
-        attn_bias.append(bias_heads + u @ block.attn.b_O.to(dtype))
+        bias = u @ block.attn.b_O.to(dtype)
+        if affine == "separate":
+            theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
+            theta_u = torch.einsum("hk,bhk->bh", expand_kv(theta, n_heads), w)
+            bias = bias + torch.einsum("bh,bh->b", alpha.sum(-1), theta_u)
+        attn_bias.append(bias)
         mlp.append((cache.mlp_t[layer] * u).sum(-1))
     head_token = torch.stack(head_tok, 1)  # [batch, layer, head, pos]
     mats = [cache.mats[k] for k in range(n_layers - 1)]
@@ -329,13 +402,31 @@ def alti_logit(
 
 
 def alti_mixing_matrices(
-    model: Any, inputs: Any, target: Target | None = None, *, chunk_size: int | None = None
+    model: Any,
+    inputs: Any,
+    target: Target | None = None,
+    *,
+    chunk_size: int | None = None,
+    affine: Affine = "source",
+    l1_eps: float = 0.0,
 ) -> tuple[Batch, Forward, list[Tensor]]:
     """Every layer's ALTI mixing matrix ``[batch, pos, pos]`` (decoders: rows ≤ target)."""
+    for name, option, value in (
+        ("chunk_size", CHUNK_OPTION, chunk_size),
+        ("affine", AFFINE_OPTION, affine),
+        ("l1_eps", L1_EPS_OPTION, l1_eps),
+    ):
+        option.validate("alti_mixing_matrices", name, value)
     batch, target = prepare(model, inputs, target)
     with no_grad_context(model):
         result, cache = run_alti_forward(
-            model, batch, target, set(range(batch.arch.n_layers)), chunk_size
+            model,
+            batch,
+            target,
+            set(range(batch.arch.n_layers)),
+            chunk_size,
+            affine=affine,
+            l1_eps=l1_eps,
         )
     return batch, result, [cache.mats[k] for k in range(batch.arch.n_layers)]
 
@@ -347,17 +438,28 @@ def alti_mixing_matrices(
     per_layer=True,
     target_free=True,
     needs_head=False,
-    options={"chunk_size": CHUNK_OPTION},
+    options={"chunk_size": CHUNK_OPTION, "affine": AFFINE_OPTION, "l1_eps": L1_EPS_OPTION},
 )
-def alti(model: Any, batch: Batch, target: Target, *, chunk_size: int | None) -> MethodOutput:
+def alti(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    *,
+    chunk_size: int | None,
+    affine: Affine,
+    l1_eps: float,
+) -> MethodOutput:
     """ALTI (Ferrando et al. 2022): rollout of token-mixing matrices, the target row.
 
     ``scores[b] = (A_{L−1} ⋯ A_0)[t_b]``; ``layer_scores[b, l] = (A_l ⋯ A_0)[t_b]`` (contributions
     of the input tokens to the representation of the target position after layer l). Rows sum
-    to 1 over real tokens. Option ``chunk_size`` as in ``alti_logit``.
+    to 1 over real tokens. Options ``chunk_size``, ``affine`` and ``l1_eps`` as in
+    ``alti_logit``.
     """
     n_layers = batch.arch.n_layers
-    result, cache = run_alti_forward(model, batch, target, set(range(n_layers)), chunk_size)
+    result, cache = run_alti_forward(
+        model, batch, target, set(range(n_layers)), chunk_size, affine=affine, l1_eps=l1_eps
+    )
     mats = [cache.mats[k] for k in range(n_layers)]
     positions = result.resolved.positions
     rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)

@@ -4,20 +4,31 @@ Ferrando et al. 2022 ("Measuring the Mixing of Contextual Information in the Tra
 the output of an attention block at position ``i`` as a sum over source tokens ``j``:
 
     y_i = Σ_j T_i(x_j) + bias_i,
-    T_i(x_j) = post_i( Σ_h α^h_ij · ṽ^h_j W_O^h  +  δ_ij · x_j ),
+    T_i(x_j) = post_i( Σ_h α^h_ij · v^h_j W_O^h  +  δ_ij · x_j ),      bias_i = post_i(b_O) (+ β),
 
-where ``ṽ^h_j`` is the linear part of head h's value vector of token j (for pre-norm decoders the
-first norm linearized with its actual scale, ``ṽ_j = (c(x_j)/σ_j ⊙ γ₁) W_V = v_j − θ_V`` with
-``θ_V = β₁ W_V + b_V``; ``c`` centres for LayerNorm and is the identity for RMSNorm), and
-``post_i`` is the identity for pre-norm decoders and the post-attention LayerNorm linearized with
-the scale of row i for post-LN encoders (``post_i(z) = c(z)/σ_i ⊙ γ``). The bias collects
-``b_O`` and the value-bias term ``Σ_h (Σ_j α^h_ij) θ^h_V W_O^h`` (the ``A·θ`` term), and the
-norm's β for post-LN. The contribution of token j to token i is
+where ``v^h_j`` is head h's full value vector of token j (``hook_v``: for pre-norm decoders
+``v_j = ṽ_j + θ_V`` with the first norm linearized with its actual scale,
+``ṽ_j = (c(x_j)/σ_j ⊙ γ₁) W_V`` and ``θ_V = β₁ W_V + b_V``; ``c`` centres for LayerNorm and is the
+identity for RMSNorm), and ``post_i`` is the identity for pre-norm decoders and the
+post-attention LayerNorm linearized with the scale of row i for post-LN encoders
+(``post_i(z) = c(z)/σ_i ⊙ γ``, whose β joins the bias). This is the convention of the official
+code (mt-upc/logit-explanations, ``ModelWrapper.get_logit_contributions``): the "affine" term
+``α^h_ij θ^h_V W_O^h`` belongs to source token j, and only ``b_O`` is left in the bias.
+``affine="separate"`` (not the paper's) uses ``ṽ_j`` instead and moves ``Σ_h (Σ_j α^h_ij) θ^h_V
+W_O^h`` (the ``A·θ`` term) into the bias; it makes the token terms independent of where a
+checkpoint stores its value biases (``fold_value_biases`` moves ``b_V W_O`` into ``b_O``).
 
-    c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁),  row-normalized: A_ij = c_ij / Σ_j c_ij,
+The contribution of token j to token i is
 
-and MLPs (position-wise) are non-mixing. Contributions of a layer's input positions are traced to
-the input tokens with the product of the mixing matrices of the layers below (rollout).
+    c_ij = max(0, ‖y_i‖₁ − ‖T_i(x_j) − y_i + ε‖₁),  row-normalized: A_ij = c_ij / Σ_j c_ij,
+
+with ``ε = l1_eps`` added to every coordinate (default 0; the official code measures the distance
+with ``torch.nn.functional.pairwise_distance``, which adds ``ε = 1e-6``). In the official code the
+causal model's future tokens ``j > i`` (``T_i(x_j) = 0``) then get ``max(0, ‖y_i‖₁ − ‖ε − y_i‖₁)``,
+a tiny artifact of ε that is reproduced for ``l1_eps > 0`` (up to the explained position; later
+positions get nothing) and is exactly 0 for ``l1_eps = 0``.
+MLPs (position-wise) are non-mixing. Contributions of a layer's input positions are traced to the
+input tokens with the product of the mixing matrices of the layers below (rollout).
 
 Memory: the ``[rows, T, d_model]`` tensor of transformed vectors exists only for a chunk of query
 rows at a time; causal models skip ``j > i``; centring is elementwise.
@@ -146,15 +157,18 @@ def transformed_vectors(
 
 def attention_bias(
     alpha: Float[Tensor, "head pos pos"],
-    theta: Float[Tensor, "kv d_head"],
+    theta: Float[Tensor, "kv d_head"] | None,
     w_o: Float[Tensor, "head d_head d_model"],
     b_o: Float[Tensor, "d_model"],
     post: PostNorm | None = None,
     post_bias: Tensor | None = None,
 ) -> Float[Tensor, "pos d_model"]:
-    """``bias_i = b_O + Σ_h (Σ_j α^h_ij) θ^h W_O^h`` (then post-norm'd, plus its β)."""
-    theta_o = torch.einsum("hk,hkd->hd", expand_kv(theta, w_o.shape[0]), w_o)
-    bias = torch.einsum("hi,hd->id", alpha.sum(-1), theta_o) + b_o
+    """``bias_i = b_O`` (official convention, ``theta=None``), or with ``affine="separate"``
+    ``bias_i = b_O + Σ_h (Σ_j α^h_ij) θ^h W_O^h``; then post-norm'd, plus its β."""
+    bias = b_o.expand(alpha.shape[-2], -1)
+    if theta is not None:
+        theta_o = torch.einsum("hk,hkd->hd", expand_kv(theta, w_o.shape[0]), w_o)
+        bias = bias + torch.einsum("hi,hd->id", alpha.sum(-1), theta_o)
     if post is not None:
         bias = post.apply(bias[None], slice(0, bias.shape[0]))[0]
         if post_bias is not None:
@@ -177,17 +191,22 @@ def mixing_matrix(
     chunk_size: int | None = None,
     post: PostNorm | None = None,
     mask: Bool[Tensor, "pos"] | None = None,
+    l1_eps: float = 0.0,
 ) -> Float[Tensor, "pos pos"]:
     """Row-normalized ALTI contributions ``A_ij`` of one item's layer (rows ≥ n_rows: identity).
 
-    Rows are processed in chunks of ``chunk_size`` query positions; with ``causal`` the sources
-    of a chunk stop at its last row. Padding rows (``mask`` False) are identity rows and padding
-    columns are zero.
+    ``c_ij = max(0, ‖y_i‖₁ − ‖T_i(x_j) − y_i + ε‖₁)``, ``ε = l1_eps``. Rows are processed in
+    chunks of ``chunk_size`` query positions; with ``causal`` the sources of a chunk stop at its
+    last row, and the later sources ``i < j < n_rows`` (``T_i(x_j) = 0``) get ``max(0, ‖y_i‖₁ −
+    ‖ε − y_i‖₁)``, which is 0 for ε = 0 (the official code's ε artifact otherwise); sources
+    ``j ≥ n_rows`` get 0. Padding rows (``mask`` False) are identity rows and padding columns
+    are zero.
     """
     n = x.shape[0]
     n_rows = n if n_rows is None else min(n, n_rows)
     out = torch.zeros(n, n, dtype=x.dtype, device=x.device)
     y_norm = y.abs().sum(-1)
+    minus = y - l1_eps if l1_eps else y
     o_by_src = einops.rearrange(o, "h j d -> j h d").contiguous()
     step = chunk_size or auto_chunk(n_rows if causal else n, y.shape[-1])
     for start in range(0, n_rows, step):
@@ -195,10 +214,20 @@ def mixing_matrix(
         rows = slice(start, stop)
         n_src = stop if causal else n
         t = transformed_vectors(
-            alpha, o, x, rows, n_src=n_src, post=post, minus=y, o_by_src=o_by_src
+            alpha, o, x, rows, n_src=n_src, post=post, minus=minus, o_by_src=o_by_src
         )
-        dist = torch.linalg.vector_norm(t, ord=1, dim=-1)  # ‖T_i(x_j) − y_i‖₁, [j, i]
+        dist = torch.linalg.vector_norm(t, ord=1, dim=-1)  # ‖T_i(x_j) − y_i + ε‖₁, [j, i]
         out[rows, :n_src] = torch.clamp(y_norm[rows][:, None] - dist.T, min=0.0)
+    if causal:
+        later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+        later[n_rows:] = False
+        later[:, n_rows:] = False  # positions after the explained one get nothing
+        future = (
+            torch.clamp(y_norm - minus.abs().sum(-1), min=0.0)
+            if l1_eps
+            else torch.zeros_like(y_norm)
+        )
+        out = torch.where(later, future[:, None], out)
     if mask is not None:
         out = out * mask[None, :].to(out.dtype)
     total = out.sum(-1, keepdim=True)
