@@ -52,11 +52,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from lens_attrib.backend import final_norm, hook_name, unembedding
+from lens_attrib.errors import ModelError
 from lens_attrib.forward import Forward, no_grad_context, run, target_rows
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.alti_mixing import (
@@ -102,6 +104,7 @@ class AltiCache:
     mats: dict[int, Tensor] = field(default_factory=dict)
     embed_t: Tensor | None = None
     final_scale: Tensor | None = None
+    z_hooked: set[int] = field(default_factory=set)
     _tmp: dict[str, Tensor] = field(default_factory=dict)
 
     @property
@@ -125,6 +128,8 @@ class AltiCache:
                 (hook_name("v", layer), self._store(layer, "v")),
                 (hook_name("pattern", layer), self._store(layer, "pattern")),
             ]
+            if layer in self.z_hooked:
+                hooks.append((hook_name("z", layer), self._store(layer, "z")))
             if self.encoder:
                 hooks += [
                     (hook_name("scale", layer, "ln1"), self._store(layer, "scale")),
@@ -160,6 +165,10 @@ class AltiCache:
             self.alpha_t[layer] = x[torch.arange(x.shape[0]), :, self.positions]
             if mixing:
                 self._tmp["pattern"] = x
+            if layer in self.z_hooked:
+                self._tmp["full_pattern"] = x
+        elif what == "z":
+            self.follow_head_scaling(layer, x)
         elif what == "mlp_out":
             self.mlp_t[layer] = target_rows(x, self.positions)
         elif what == "scale":
@@ -170,6 +179,32 @@ class AltiCache:
         elif what == "normalized" and mixing:
             self.mats[layer] = self.encoder_mixing(layer, x)
             self._tmp.clear()
+
+    def follow_head_scaling(self, layer: int, z: Tensor) -> None:
+        """Follow a user hook on ``hook_z`` that scales head outputs (e.g. a head ablation).
+
+        With ``ẑ_ih = Σ_j α_hij v_j`` the head output the pattern and values give, the hooked
+        ``z_ih`` must be ``c_ih ẑ_ih``; then ``α_hij`` is replaced by ``c_ih α_hij`` everywhere
+        (target row and mixing matrices), which is exact. Anything else raises.
+        """
+        pattern = self._tmp.pop("full_pattern")
+        v = expand_kv(self.v[layer], z.shape[-2])
+        z_hat = torch.einsum("bhij,bjhd->bihd", pattern, v)
+        norm2 = (z_hat * z_hat).sum(-1)
+        scale = torch.where(norm2 > 0, (z * z_hat).sum(-1) / norm2.clamp_min(1e-300), 1.0)
+        residual = (z - scale[..., None] * z_hat).norm(dim=-1)
+        tol = (1e-9 if self.dtype == torch.float64 else 1e-4) * (z_hat.norm(dim=-1) + 1e-30)
+        if bool((residual > tol).any()):
+            raise ModelError(
+                f"A hook on {hook_name('z', layer)} changes head outputs in a way ALTI cannot "
+                "decompose onto source tokens: it can follow hooks that scale each head's output "
+                "(ablations such as zeroing a head). Remove the hook, or use a gradient method "
+                "(grad_x_input, attnlrp), which follow any hook."
+            )
+        scaled = pattern * einops.rearrange(scale, "b i h -> b h i")[..., None]
+        self.alpha_t[layer] = scaled[torch.arange(z.shape[0]), :, self.positions]
+        if "pattern" in self._tmp:
+            self._tmp["pattern"] = scaled
 
     def decoder_mixing(self, layer: int, y: Tensor) -> Tensor:
         block = self.model.blocks[layer]
@@ -249,8 +284,17 @@ def run_alti_forward(
         affine,
         l1_eps,
     )
+    cache.z_hooked = {
+        layer for layer in range(batch.arch.n_layers) if user_hooked(model, hook_name("z", layer))
+    }
     result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
     return result, cache
+
+
+def user_hooked(model: Any, name: str) -> bool:
+    """Whether the user has a forward hook on the hook point ``name`` (before ours are added)."""
+    point = model.hook_dict[name]
+    return bool(point.fwd_hooks) or bool(point._forward_hooks)
 
 
 def logit_direction(
@@ -346,9 +390,11 @@ def alti_logit(
     ``[batch, layer, head]`` and ``head_token_scores`` ``[batch, layer, head, pos]``, and in
     ``parts``: ``mlp`` ``[batch, layer]``, ``attn_bias`` ``[batch, layer]``, ``embedding``
     ``[batch]`` (embedding of the target position), ``bias`` ``[batch]`` (unembedding bias and
-    final-norm β), ``logit`` ``[batch]`` (the explained value). ``attn_bias`` is ``b_O·u`` (plus
-    the affine term with ``affine="separate"``). ``scores.sum(-1) + mlp.sum(-1) +
-    attn_bias.sum(-1) + embedding + bias == logit``.
+    final-norm β), ``hooks`` ``[batch]`` (what the user's hooks add to the residual stream,
+    e.g. a steering vector; 0 up to rounding without hooks), ``logit`` ``[batch]`` (the
+    explained value). ``attn_bias`` is ``b_O·u`` (plus the affine term with
+    ``affine="separate"``). ``scores.sum(-1) + mlp.sum(-1) +
+    attn_bias.sum(-1) + embedding + bias + hooks == logit``.
     """
     n_layers = batch.arch.n_layers
     dtype = batch.arch.work_dtype
@@ -390,6 +436,16 @@ def alti_logit(
         "bias": const,
         "logit": result.value.to(dtype),
     }
+    # What the user's hooks add to the residual stream (steering, patching of block outputs):
+    # the final residual minus the blocks' decomposed outputs; ~1e-16 without such hooks.
+    final_t = target_rows(result.resid.to(dtype), result.resolved.positions)
+    decomposed = (
+        parts["embedding"]
+        + parts["mlp"].sum(-1)
+        + parts["attn_bias"].sum(-1)
+        + torch.stack(head_tok, 1).sum((1, 2, 3))
+    )
+    parts["hooks"] = (final_t * u).sum(-1) - decomposed
     return MethodOutput(
         layer_scores.sum(1),
         result.resolved,
