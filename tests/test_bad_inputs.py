@@ -267,3 +267,19 @@ def test_one_position_is_used_for_every_item_like_one_token(gpt2):
         assert attr.target.positions.tolist() == [
             int(torch.nonzero(attr.mask[b]).min()) + 1 for b in range(2)
         ]
+
+
+def test_out_of_memory_names_the_need_and_the_alternatives(gpt2, monkeypatch):
+    from lens_attrib import METHODS
+
+    spec = METHODS["attnlrp"]
+
+    def explode(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setitem(METHODS, "attnlrp", type(spec)(**{**spec.__dict__, "core": explode}))
+    with pytest.raises(MemoryError) as info:
+        attribute(gpt2, "the keys to the cabinet", method="attnlrp")
+    message = str(info.value)
+    assert "attnlrp ran out of memory" in message and "1 item(s) × 6 tokens" in message
+    assert "embed_norm" in message and "chunk_size" in message

@@ -168,7 +168,8 @@ def _score(
             for m, v in plausibility(
                 attr, evidence, plaus, special_ids=special, per_layer=True
             ).items():
-                out += [(m, layer, v[:, layer]) for layer in range(v.shape[1])]
+                numbers = attr.meta.get("layers") or list(range(v.shape[1]))
+                out += [(m, numbers[i], v[:, i]) for i in range(v.shape[1])]
     max_batch = int(opts.get("max_batch", 64))
     if any(m in AOPC_METRICS for m in metrics):
         res = aopc(model, attr, max_batch=max_batch, special_ids=special, **opts.get("aopc", {}))
