@@ -170,21 +170,25 @@ def load_weights_exactly(
 ) -> None:
     """Copy ``state_dict`` into ``model``'s parameters: each tensor is cast once to its parameter.
 
-    Every parameter must be given, except those under ``absent_heads`` (module prefixes such as
-    ``"pooler."``), which are filled with NaN so that any use of them is loudly wrong. Buffers
-    (rotary tables, masks) are built by the model from its config and are never loaded.
+    Every weight must be given. A missing bias (``b_*``: GPT-2 has no unembedding bias) is zero,
+    as the architecture has none. Parameters under ``absent_heads`` (module prefixes such as
+    ``"pooler."``) are filled with NaN so that any use of them is loudly wrong. Buffers (rotary
+    tables, masks) are built by the model from its config and are never loaded.
     """
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     unexpected = sorted(set(state_dict) - set(params))
     missing = sorted(set(params) - set(state_dict))
-    required = [k for k in missing if not k.startswith(absent_heads)]
+    biases = [k for k in missing if k.rsplit(".", 1)[-1].lstrip("_").startswith("b_")]
+    heads = [k for k in missing if k.startswith(absent_heads) and k not in biases]
+    required = sorted(set(missing) - set(biases) - set(heads))
     if unexpected or required:
         raise ModelError(
             f"Checkpoint conversion does not match the model: missing {required}, unexpected "
             f"{unexpected}. The architecture is not converted correctly; report it."
         )
-    filled = {k: torch.full_like(params[k], float("nan")) for k in missing}
+    filled = {k: torch.zeros_like(params[k]) for k in biases}
+    filled.update({k: torch.full_like(params[k], float("nan")) for k in heads})
     model.load_state_dict({**buffers, **state_dict, **filled}, strict=True)
 
 
@@ -236,6 +240,20 @@ def share_equal_rotary_tables(model: Any) -> int:
     return shared
 
 
+def buffers_in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating buffers built in another dtype (TransformerLens' ``IGNORE``) to ``dtype``.
+
+    Only buffers whose every value survives the cast exactly are cast, so no value changes.
+    """
+    for module in model.modules():
+        for name, buf in list(module._buffers.items()):
+            if buf is None or not buf.is_floating_point() or buf.dtype == dtype:
+                continue
+            cast = buf.to(dtype)
+            if torch.equal(cast.to(buf.dtype), buf):
+                module._buffers[name] = cast
+
+
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
 
@@ -251,6 +269,7 @@ def build_decoder(cfg: Any, state_dict: Mapping[str, torch.Tensor], tokenizer: A
             cfg, tokenizer=keep_tokenizer_as_is(tokenizer), move_to_device=False
         )
     load_weights_exactly(model, state_dict)
+    buffers_in_dtype(model, cfg.dtype)
     share_tied_unembedding(model)
     share_equal_rotary_tables(model)
     return model
@@ -480,6 +499,7 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
             cfg, tokenizer=AutoTokenizer.from_pretrained(folder), move_to_device=False
         )
     load_weights_exactly(model, state_dict, absent_heads=absent)
+    buffers_in_dtype(model, dtype)
     if with_mlm:
         share_tied_unembedding(model)
     else:
