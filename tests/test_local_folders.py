@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lens_attrib import load_model
-from lens_attrib.models import has_lm_head, is_encoder
+from lens_attrib.backend import has_lm_head, is_encoder
 from lens_attrib.tiny_models import tiny_tokenizer
 
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
