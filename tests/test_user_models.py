@@ -73,3 +73,17 @@ def test_encoder_grad_x_input_is_not_degenerate_by_default(minilm):
             minilm, ["a gripping, beautiful film"], target, method="grad_x_input", embeddings="full"
         )
     assert float(full.scores.abs().max()) < 1e-5 * value  # the degenerate reading, ~0
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "alti", "rollout", "attnlrp"])
+def test_low_precision_models_say_when_a_method_upcasts(method):
+    model = tiny_gpt2(dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        attr = attribute(model, "the keys to the cabinet", method=method)
+    assert attr.meta["model_dtype"] == "torch.bfloat16"
+    assert torch.isfinite(attr.scores).all()
+    if attr.scores.dtype != torch.bfloat16:
+        assert attr.meta["upcast_to"] == str(attr.scores.dtype)
+    else:
+        assert "upcast_to" not in attr.meta

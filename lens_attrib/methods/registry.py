@@ -301,7 +301,10 @@ def package(
         "label": spec.label,
         "target_free": spec.target_free,
         "causal": batch.arch.causal,
+        "model_dtype": str(batch.arch.dtype),
     }
+    if batch.arch.dtype in (torch.bfloat16, torch.float16) and scores.dtype != batch.arch.dtype:
+        meta["upcast_to"] = str(scores.dtype)  # computed in higher precision than the model
     resolved = out.resolved
     if not resolved.regression:
         meta["target_tokens"] = token_labels(model, target, resolved.token_ids)
