@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -338,6 +339,7 @@ def figures(summary: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     random.seed(args.seed)
@@ -407,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         figures=figures(summary, list(counts)),
         table=table,
         extra={"counts": counts, "linzen": linzen},
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "counts": counts, "linzen": linzen, "paths": paths, "table": table}
 

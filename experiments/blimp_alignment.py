@@ -23,6 +23,7 @@ every layer).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -245,6 +246,7 @@ def figures(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     paradigms, methods = parse_list(args.paradigms), parse_list(args.methods)
@@ -285,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         table=table,
         figures=figures(summary, paradigms, methods, n_layers),
         extra={"counts": counts, "n_layers": n_layers},
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "counts": counts, "paths": paths, "table": table}
 

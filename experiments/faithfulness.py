@@ -32,6 +32,7 @@ alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -196,6 +197,7 @@ def concat_results(parts: list[Any]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     tok = model.tokenizer
@@ -269,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         figures=figs,
         table=table,
         extra={"accuracy": accuracy},
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
 
