@@ -273,7 +273,12 @@ def run(model: Any, args: argparse.Namespace, *, started: float, command: str) -
         ),
     )
     print(f"\nReport: {report}  ({time.perf_counter() - started:.1f} s in all)")
-    return {"accuracy": accuracy, "ground_truth": ground_truth, "report": report}
+    return {
+        "accuracy": accuracy,
+        "ground_truth": ground_truth,
+        "attributions": attributions,
+        "report": report,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

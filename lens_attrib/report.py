@@ -44,10 +44,12 @@ pre { background: var(--bg-alt); padding: 10px 12px; border-radius: 6px; overflo
 table.data { border-collapse: collapse; margin: 8px 0 4px; font-size: 0.92em; }
 table.data th, table.data td { border: 1px solid var(--line); padding: 4px 10px; }
 table.data th { background: var(--bg-alt); text-align: left; }
-table.data td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.data td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap;
+                    line-height: 1.25; }
 table.data td .ci { color: var(--muted); font-size: 0.85em; }
 table.data tr:nth-child(even) td { background: #fbfcfd; }
 figure.fig { margin: 12px 0 20px; }
+div.wide { overflow-x: auto; max-width: 100%; }
 details > summary { cursor: pointer; color: var(--muted); }
 footer { margin-top: 40px; padding: 12px 0 24px; border-top: 1px solid var(--line);
          color: var(--muted); font-size: 0.85em; }
@@ -281,8 +283,8 @@ def _ci_cell(row: Mapping[str, Any] | None, digits: int) -> str:
     mean = format_number(row["mean"], digits)
     low, high = format_number(row["ci_low"], digits), format_number(row["ci_high"], digits)
     return (
-        f'<td class="num">{mean} <span class="ci">[{low}, {high}]</span>'
-        f' <span class="ci">n={row["n"]}</span></td>'
+        f'<td class="num">{mean}<br><span class="ci">[{low}, {high}]</span>'
+        f'<br><span class="ci">n={row["n"]}</span></td>'
     )
 
 
@@ -325,7 +327,9 @@ def ci_table_html(
         f"{n_resamples} resamples of the items, seed {seed}] and n (items with a finite "
         "value).</p>"
     )
-    table = f'<table class="data"><tr>{head}</tr>{"".join(body)}</table>{note}'
+    table = (
+        f'<div class="wide"><table class="data"><tr>{head}</tr>{"".join(body)}</table></div>{note}'
+    )
     if len(row_ids) > collapse_over:
         return f"<details><summary>{len(row_ids)} rows (click to open)</summary>{table}</details>"
     return table
@@ -353,12 +357,18 @@ def footer_html(
     return f"<footer><dl>{rows}</dl></footer>"
 
 
+PLOTLY_CDN_DEFAULT = "https://cdn.plot.ly/un/"
+LOCAL_TOPOJSON = "./topojson/"
+"""plotly.js's one network default, ``topojsonURL`` (maps for geo traces, which no report
+draws), is pointed at a folder beside the page so that nothing in a page names the CDN."""
+
+
 @lru_cache(maxsize=1)
 def plotly_js() -> str:
-    """The installed plotly package's plotly.min.js (no network)."""
+    """The installed plotly package's plotly.min.js (no network), ``topojsonURL`` made local."""
     from plotly.offline import get_plotlyjs
 
-    return str(get_plotlyjs())
+    return str(get_plotlyjs()).replace(PLOTLY_CDN_DEFAULT, LOCAL_TOPOJSON)
 
 
 def section(title: str, *parts: str, intro: str | None = None) -> str:
@@ -374,6 +384,11 @@ def page_html(title: str, body: Sequence[str], *, footer: str, subtitle: str | N
     script = ""
     if "plotly-graph-div" in content:
         script = f'<script type="text/javascript">{plotly_js()}</script>'
+    if "cdn.plot.ly" in content or "<script src=" in content:
+        raise ValueError(
+            "A page part loads a script from elsewhere (e.g. a figure written with "
+            "include_plotlyjs='cdn'): pass figures through figure_html, the page inlines plotly.js."
+        )
     sub = f'<p class="lead">{html.escape(subtitle)}</p>' if subtitle else ""
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -90,8 +90,14 @@ def target_outputs(
         for start in range(0, int(tokens.shape[0]), max_batch):
             rows = slice(start, min(start + max_batch, int(tokens.shape[0])))
             tok, msk = tokens[rows].to(device), mask[rows].to(device)
-            batch = Batch(tok, msk, [], torch.zeros_like(msk), encoder=encoder,
-                          padding_side="right" if encoder else "left")
+            batch = Batch(
+                tok,
+                msk,
+                [],
+                torch.zeros_like(msk),
+                encoder=encoder,
+                padding_side="right" if encoder else "left",
+            )
             with model.hooks(fwd_hooks=hooks(rows) if hooks is not None else []):
                 resid = final_residual(model, batch)
             idx = torch.arange(tok.shape[0], device=resid.device)
@@ -137,8 +143,9 @@ def special_ids_of(model: Any, special_ids: Sequence[int] | None) -> set[int]:
     return ids - ({int(unk)} if unk is not None else set())
 
 
-def item_views(attribution: Attribution, special: set[int], keep_target: bool = True
-               ) -> list[ItemView]:
+def item_views(
+    attribution: Attribution, special: set[int], keep_target: bool = True
+) -> list[ItemView]:
     """Real ids, scores, target index, always-kept positions and ranked candidates per item."""
     views = []
     for b in range(len(attribution)):
@@ -159,8 +166,9 @@ def n_perturbed(fraction: float, n_candidates: int) -> int:
     return min(n_candidates, max(0, math.ceil(fraction * n_candidates - 1e-9)))
 
 
-def _perturb(view: ItemView, removed: set[int], encoder: bool, mask_id: int | None
-             ) -> tuple[list[int], int]:
+def _perturb(
+    view: ItemView, removed: set[int], encoder: bool, mask_id: int | None
+) -> tuple[list[int], int]:
     if encoder:
         if mask_id is None:
             raise ValueError("Encoder perturbation needs tokenizer.mask_token_id ([MASK]).")
@@ -179,8 +187,9 @@ class _Plan:
         self.targets.append(target)
 
 
-def _run_plan(model: Any, plan: _Plan, head: Head | None, max_batch: int, regression: bool,
-              labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _run_plan(
+    model: Any, plan: _Plan, head: Head | None, max_batch: int, regression: bool, labels: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """(value of the row's label, argmax, max value) for every sequence; ``labels`` per row."""
     encoder = is_encoder(model)
     tok = getattr(model, "tokenizer", None)
@@ -203,14 +212,21 @@ def _run_plan(model: Any, plan: _Plan, head: Head | None, max_batch: int, regres
         top = probs.max(-1)
         return torch.stack([value, top.indices.to(torch.float64), top.values], -1)
 
-    res = target_outputs(model, tokens, mask, positions, head=head, reduce=reduce,
-                         max_batch=max_batch).cpu()
+    res = target_outputs(
+        model, tokens, mask, positions, head=head, reduce=reduce, max_batch=max_batch
+    ).cpu()
     return res[:, 0], res[:, 1].long(), res[:, 2]
 
 
-def _references(model: Any, views: list[ItemView], head: Head | None, max_batch: int,
-                regression: bool, attribution: Attribution, label: str
-                ) -> tuple[Tensor, Tensor, Tensor]:
+def _references(
+    model: Any,
+    views: list[ItemView],
+    head: Head | None,
+    max_batch: int,
+    regression: bool,
+    attribution: Attribution,
+    label: str,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(label ids, value of the label on the full input, prediction on the full input)."""
     plan = _Plan()
     for v in views:
@@ -263,8 +279,9 @@ def aopc(
     encoder = is_encoder(model)
     mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
     views = item_views(attribution, special_ids_of(model, special_ids))
-    labels, p_full, pred = _references(model, views, head, max_batch, regression, attribution,
-                                       label)
+    labels, p_full, pred = _references(
+        model, views, head, max_batch, regression, attribution, label
+    )
     ref = pred if gold is None else torch.as_tensor(gold).long().cpu()
     plan = _Plan()
     for v in views:
@@ -298,6 +315,7 @@ def aopc(
 
 def pearson_drop(full: Tensor, perturbed: Tensor, gold: Tensor) -> float:
     """Regression: ``r(full, gold) − r(perturbed, gold)`` (Pearson r over the dataset)."""
+
     def r(a: Tensor, b: Tensor) -> float:
         return float(np.corrcoef(a.double().numpy(), b.double().numpy())[0, 1])
 

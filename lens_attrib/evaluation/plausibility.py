@@ -66,8 +66,9 @@ def _stable_order(s: Tensor) -> Tensor:
     return torch.argsort(s, descending=True, stable=True)
 
 
-def pointing_game(scores: Float[Tensor, "pos"], evidence: Evidence,
-                  valid: Bool[Tensor, "pos"] | None = None) -> float:
+def pointing_game(
+    scores: Float[Tensor, "pos"], evidence: Evidence, valid: Bool[Tensor, "pos"] | None = None
+) -> float:
     """``1`` if the top-scored token (first among ties) is evidence, else ``0``."""
     prep = _prepare(scores, evidence, valid)
     if prep is None:
@@ -76,8 +77,12 @@ def pointing_game(scores: Float[Tensor, "pos"], evidence: Evidence,
     return float(g[int(torch.argmax(s))])
 
 
-def mrr(scores: Float[Tensor, "pos"], evidence: Evidence,
-        valid: Bool[Tensor, "pos"] | None = None, ties: str = "optimistic") -> float:
+def mrr(
+    scores: Float[Tensor, "pos"],
+    evidence: Evidence,
+    valid: Bool[Tensor, "pos"] | None = None,
+    ties: str = "optimistic",
+) -> float:
     """Reciprocal rank of the best-ranked evidence token (``ties``: optimistic | ferrando)."""
     prep = _prepare(scores, evidence, valid)
     if prep is None:
@@ -94,8 +99,9 @@ def mrr(scores: Float[Tensor, "pos"], evidence: Evidence,
     return 1.0 / best
 
 
-def relevance_mass_accuracy(scores: Float[Tensor, "pos"], evidence: Evidence,
-                            valid: Bool[Tensor, "pos"] | None = None) -> float:
+def relevance_mass_accuracy(
+    scores: Float[Tensor, "pos"], evidence: Evidence, valid: Bool[Tensor, "pos"] | None = None
+) -> float:
     """Share of the positive relevance that falls on evidence tokens (negatives clipped)."""
     prep = _prepare(scores, evidence, valid)
     if prep is None:
@@ -106,8 +112,9 @@ def relevance_mass_accuracy(scores: Float[Tensor, "pos"], evidence: Evidence,
     return float(pos[g].sum()) / total if total > 0 else 0.0
 
 
-def token_accuracy(scores: Float[Tensor, "pos"], evidence: Evidence,
-                   valid: Bool[Tensor, "pos"] | None = None) -> float:
+def token_accuracy(
+    scores: Float[Tensor, "pos"], evidence: Evidence, valid: Bool[Tensor, "pos"] | None = None
+) -> float:
     """``|top_{|E|}(s) ∩ E| / |E|`` (stable descending sort for ties)."""
     prep = _prepare(scores, evidence, valid)
     if prep is None:
@@ -117,8 +124,9 @@ def token_accuracy(scores: Float[Tensor, "pos"], evidence: Evidence,
     return float(g[_stable_order(s)[:k]].sum()) / k
 
 
-def average_precision(scores: Float[Tensor, "pos"], evidence: Evidence,
-                      valid: Bool[Tensor, "pos"] | None = None) -> float:
+def average_precision(
+    scores: Float[Tensor, "pos"], evidence: Evidence, valid: Bool[Tensor, "pos"] | None = None
+) -> float:
     """``(1/|E|) Σ_{k: π_k ∈ E} precision@k`` over the stable descending ranking ``π``."""
     prep = _prepare(scores, evidence, valid)
     if prep is None:
@@ -129,8 +137,12 @@ def average_precision(scores: Float[Tensor, "pos"], evidence: Evidence,
     return float((precision_at * hits).sum() / hits.sum())
 
 
-def dot_product(scores: Float[Tensor, "pos"], evidence: Evidence,
-                valid: Bool[Tensor, "pos"] | None = None, normalize: str = "l1") -> float:
+def dot_product(
+    scores: Float[Tensor, "pos"],
+    evidence: Evidence,
+    valid: Bool[Tensor, "pos"] | None = None,
+    normalize: str = "l1",
+) -> float:
     """``Σ_i ŝ_i g_i`` with ``ŝ`` = raw scores, ``s/Σ|s|`` (l1) or ``softmax(s)``."""
     prep = _prepare(scores, evidence, valid)
     if prep is None:
@@ -196,8 +208,10 @@ def plausibility(
         else torch.as_tensor(correct, dtype=torch.bool).reshape(-1).cpu()
     )
     n_layers = 1 if not per_layer else int(attribution.layer_scores.shape[1])  # type: ignore[union-attr]
-    out = {m: torch.full((len(attribution), n_layers), float("nan"), dtype=torch.float64)
-           for m in metrics}
+    out = {
+        m: torch.full((len(attribution), n_layers), float("nan"), dtype=torch.float64)
+        for m in metrics
+    }
     for b in range(len(attribution)):
         if not bool(keep_item[b]):
             continue

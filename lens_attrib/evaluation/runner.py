@@ -60,13 +60,25 @@ from lens_attrib.methods import attribute
 from lens_attrib.models import is_encoder
 from lens_attrib.target import Target, single_token_id
 
-AOPC_METRICS = {"comprehensiveness": "comprehensiveness", "sufficiency": "sufficiency",
-                "accuracy_perturbation": "accuracy"}
-CURVE_METRICS = {"deletion_auc": "deletion_auc", "insertion_auc": "insertion_auc",
-                 "deletion_flip": "deletion_flip_fraction",
-                 "insertion_flip": "insertion_flip_fraction"}
-SOFT_BASE = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns", "expected_retained_ns",
-             "expected_retained_nc")
+AOPC_METRICS = {
+    "comprehensiveness": "comprehensiveness",
+    "sufficiency": "sufficiency",
+    "accuracy_perturbation": "accuracy",
+}
+CURVE_METRICS = {
+    "deletion_auc": "deletion_auc",
+    "insertion_auc": "insertion_auc",
+    "deletion_flip": "deletion_flip_fraction",
+    "insertion_flip": "insertion_flip_fraction",
+}
+SOFT_BASE = (
+    "soft_nc",
+    "soft_ns",
+    "pi_soft_nc",
+    "pi_soft_ns",
+    "expected_retained_ns",
+    "expected_retained_nc",
+)
 SOFT_METRICS = {**{m: m for m in SOFT_BASE}, **{f"{m}_fixed": m for m in SOFT_BASE}}
 METRICS = (*PLAUSIBILITY_METRICS, *AOPC_METRICS, *CURVE_METRICS, *SOFT_METRICS)
 KEY = ("item", "method", "metric", "layer")
@@ -85,8 +97,10 @@ class EvalResult:
         lines = [f"{'method':<20} {'metric':<24} {'mean':>10} {'n':>6}"]
         for row in self.summary:
             layer = "" if row.get("layer") is None else f"@{row['layer']}"
-            lines.append(f"{row['method']:<20} {row['metric'] + layer:<24} "
-                         f"{row['mean']:>10.4f} {row['n']:>6}")
+            lines.append(
+                f"{row['method']:<20} {row['metric'] + layer:<24} "
+                f"{row['mean']:>10.4f} {row['n']:>6}"
+            )
         return "\n".join(lines)
 
 
@@ -101,9 +115,17 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         n = len(finite)
         mean = sum(finite) / n if n else float("nan")
         var = sum((v - mean) ** 2 for v in finite) / (n - 1) if n > 1 else float("nan")
-        rows.append({"method": method, "metric": metric, "layer": layer, "mean": mean,
-                     "std": math.sqrt(var) if n > 1 else float("nan"), "n": n,
-                     "n_total": len(values)})
+        rows.append(
+            {
+                "method": method,
+                "metric": metric,
+                "layer": layer,
+                "mean": mean,
+                "std": math.sqrt(var) if n > 1 else float("nan"),
+                "n": n,
+                "n_total": len(values),
+            }
+        )
     rows.sort(key=lambda r: (r["method"], r["metric"], -1 if r["layer"] is None else r["layer"]))
     return rows
 
@@ -119,17 +141,21 @@ def _evidence(model: Any, item: Any) -> list[int]:
 
     encoder = is_encoder(model)
     return evidence_token_positions(
-        item, model.tokenizer, prepend_bos=(not encoder) and default_prepend_bos(model),
+        item,
+        model.tokenizer,
+        prepend_bos=(not encoder) and default_prepend_bos(model),
         offset=1 if encoder else 0,
     )
 
 
-def _correctness(model: Any, items: Sequence[Any], max_batch: int) -> tuple[list[bool | None],
-                                                                            list[str]]:
+def _correctness(
+    model: Any, items: Sequence[Any], max_batch: int
+) -> tuple[list[bool | None], list[str]]:
     """Per item: is the gold target preferred (over the foil, or as argmax); the prediction."""
     batch = to_batch(model, [it.prompt for it in items])
-    logits = target_outputs(model, batch.tokens, batch.mask, batch.last_real,
-                            max_batch=max_batch).cpu()
+    logits = target_outputs(
+        model, batch.tokens, batch.mask, batch.last_real, max_batch=max_batch
+    ).cpu()
     pred = logits.argmax(-1)
     correct: list[bool | None] = []
     for i, it in enumerate(items):
@@ -159,33 +185,42 @@ def _target(items: Sequence[Any], target: str, contrastive: bool) -> Target:
 
 
 # --------------------------------------------------------------------------- metrics
-def _score(model: Any, attr: Attribution, metrics: Sequence[str], evidence: list[list[int]],
-           opts: dict[str, Any], special: list[int], per_layer: bool
-           ) -> list[tuple[str, int | None, torch.Tensor]]:
+def _score(
+    model: Any,
+    attr: Attribution,
+    metrics: Sequence[str],
+    evidence: list[list[int]],
+    opts: dict[str, Any],
+    special: list[int],
+    per_layer: bool,
+) -> list[tuple[str, int | None, torch.Tensor]]:
     out: list[tuple[str, int | None, torch.Tensor]] = []
     plaus = [m for m in metrics if m in PLAUSIBILITY_METRICS]
     if plaus:
         for m, v in plausibility(attr, evidence, plaus, special_ids=special).items():
             out.append((m, None, v))
         if per_layer and attr.layer_scores is not None:
-            for m, v in plausibility(attr, evidence, plaus, special_ids=special,
-                                     per_layer=True).items():
+            for m, v in plausibility(
+                attr, evidence, plaus, special_ids=special, per_layer=True
+            ).items():
                 out += [(m, layer, v[:, layer]) for layer in range(v.shape[1])]
     max_batch = int(opts.get("max_batch", 64))
     if any(m in AOPC_METRICS for m in metrics):
         res = aopc(model, attr, max_batch=max_batch, special_ids=special, **opts.get("aopc", {}))
         out += [(m, None, getattr(res, AOPC_METRICS[m])) for m in metrics if m in AOPC_METRICS]
     if any(m in CURVE_METRICS for m in metrics):
-        cur = insertion_deletion(model, attr, max_batch=max_batch, special_ids=special,
-                                 **opts.get("curves", {}))
+        cur = insertion_deletion(
+            model, attr, max_batch=max_batch, special_ids=special, **opts.get("curves", {})
+        )
         out += [(m, None, getattr(cur, CURVE_METRICS[m])) for m in metrics if m in CURVE_METRICS]
     for routing, suffix in (("dynamic", ""), ("fixed", "_fixed")):
         wanted = [m for m in metrics if m in SOFT_METRICS and m.endswith("_fixed") == bool(suffix)]
         if not wanted:
             continue
         soft_opts = {"seed": opts.get("seed", 0), **opts.get("soft", {})}
-        res_s = soft_metrics(model, attr, routing=routing, max_batch=max_batch,
-                             special_ids=special, **soft_opts)
+        res_s = soft_metrics(
+            model, attr, routing=routing, max_batch=max_batch, special_ids=special, **soft_opts
+        )
         values = res_s.as_dict()
         out += [(m, None, values[SOFT_METRICS[m]]) for m in wanted]
     return out
@@ -232,13 +267,28 @@ def evaluate(
     for chunk in tqdm(chunks, desc="evaluate", disable=not progress):
         items = [dataset[i] for i in chunk]
         correct, predicted = _correctness(model, items, max_batch)
-        base = [{"item": i, "task": getattr(it, "task", None), "prompt": it.prompt,
-                 "target": getattr(it, "target", None), "foil": getattr(it, "foil", None),
-                 "prediction": p, "correct": c}
-                for i, it, p, c in zip(chunk, items, predicted, correct)]
-        records += [{**b, "method": "model", "metric": "model_correct", "layer": None,
-                     "value": float("nan") if b["correct"] is None else float(b["correct"])}
-                    for b in base]
+        base = [
+            {
+                "item": i,
+                "task": getattr(it, "task", None),
+                "prompt": it.prompt,
+                "target": getattr(it, "target", None),
+                "foil": getattr(it, "foil", None),
+                "prediction": p,
+                "correct": c,
+            }
+            for i, it, p, c in zip(chunk, items, predicted, correct)
+        ]
+        records += [
+            {
+                **b,
+                "method": "model",
+                "metric": "model_correct",
+                "layer": None,
+                "value": float("nan") if b["correct"] is None else float(b["correct"]),
+            }
+            for b in base
+        ]
         keep = [j for j, c in enumerate(correct) if not only_correct or c]
         if not keep:
             continue
@@ -247,18 +297,33 @@ def evaluate(
         evidence = [_evidence(model, it) for it in items]
         tgt = _target(items, target, contrastive)
         for method in methods:
-            attr = attribute(model, [it.prompt for it in items], tgt, method=method,
-                             **method_options.get(method, {}))
-            for metric, layer, values in _score(model, attr, metrics, evidence, opts, special,
-                                                per_layer):
+            attr = attribute(
+                model,
+                [it.prompt for it in items],
+                tgt,
+                method=method,
+                **method_options.get(method, {}),
+            )
+            for metric, layer, values in _score(
+                model, attr, metrics, evidence, opts, special, per_layer
+            ):
                 for b, v in zip(base, values.tolist()):
-                    records.append({**b, "method": method, "metric": metric, "layer": layer,
-                                    "value": float(v)})
+                    records.append(
+                        {**b, "method": method, "metric": metric, "layer": layer, "value": float(v)}
+                    )
     records = sort_records(records)
-    config = {"methods": list(methods), "metrics": list(metrics), "batch_size": batch_size,
-              "target": target, "contrastive": contrastive, "only_correct": only_correct,
-              "shard": list(shard) if shard else None, "seed": seed, "n_items": len(indices),
-              "model": getattr(model.cfg, "model_name", None)}
+    config = {
+        "methods": list(methods),
+        "metrics": list(metrics),
+        "batch_size": batch_size,
+        "target": target,
+        "contrastive": contrastive,
+        "only_correct": only_correct,
+        "shard": list(shard) if shard else None,
+        "seed": seed,
+        "n_items": len(indices),
+        "model": getattr(model.cfg, "model_name", None),
+    }
     result = EvalResult(records, summarize(records), config)
     if out is not None:
         save(result, out)
@@ -351,8 +416,9 @@ def _load_task(task: str, n: int, seed: int) -> list[Any]:
         return list(data.load_blimp(task.split(":", 1)[1], n=n))
     if task == "linzen":
         return list(data.load_linzen_sva(n=n))
-    raise KeyError(f"Unknown task {task!r}: use {sorted(data.GENERATORS)}, 'blimp:<paradigm>' "
-                   "or 'linzen'.")
+    raise KeyError(
+        f"Unknown task {task!r}: use {sorted(data.GENERATORS)}, 'blimp:<paradigm>' or 'linzen'."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> EvalResult:
@@ -382,10 +448,19 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     model = load_model(args.model)
     dataset = _load_task(args.task, args.n, args.seed)
     result = evaluate(
-        model, dataset, args.methods.split(","), args.metrics.split(","),
-        batch_size=args.batch_size, target=args.target, contrastive=args.contrastive,
-        only_correct=args.only_correct, shard=shard, max_batch=args.max_batch, seed=args.seed,
-        metric_options={"soft": {"n_draws": args.n_draws}}, progress=not args.no_progress,
+        model,
+        dataset,
+        args.methods.split(","),
+        args.metrics.split(","),
+        batch_size=args.batch_size,
+        target=args.target,
+        contrastive=args.contrastive,
+        only_correct=args.only_correct,
+        shard=shard,
+        max_batch=args.max_batch,
+        seed=args.seed,
+        metric_options={"soft": {"n_draws": args.n_draws}},
+        progress=not args.no_progress,
         out=args.out,
     )
     print(result.table())  # CLI output
@@ -396,5 +471,12 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["METRICS", "EvalResult", "evaluate", "merge_records", "save", "sort_records",
-           "summarize"]
+__all__ = [
+    "METRICS",
+    "EvalResult",
+    "evaluate",
+    "merge_records",
+    "save",
+    "sort_records",
+    "summarize",
+]

@@ -86,8 +86,12 @@ def keep_scores(scores: Float[Tensor, "pos"]) -> Float[Tensor, "pos"]:
 
 
 def solve_alpha(
-    s: Float[Tensor, "pos"], pis: Sequence[float], *, iterations: int = 200,
-    log_bounds: tuple[float, float] = (-40.0, 40.0), warn: bool = True,
+    s: Float[Tensor, "pos"],
+    pis: Sequence[float],
+    *,
+    iterations: int = 200,
+    log_bounds: tuple[float, float] = (-40.0, 40.0),
+    warn: bool = True,
 ) -> tuple[Float[Tensor, "pi"], Float[Tensor, "pi"]]:
     """``α`` with ``mean(s^α) = π`` for every ``π`` by bisection on ``log α``.
 
@@ -235,8 +239,10 @@ def soft_metrics(
                 unreachable.append((b, [float(p) for p in pis_t[bad]]))
         else:
             alpha = reached = torch.zeros(0, dtype=torch.float64)
-        ret: list[Tensor] = [torch.ones(len(ids), dtype=torch.float64),
-                             torch.zeros(len(ids), dtype=torch.float64)]
+        ret: list[Tensor] = [
+            torch.ones(len(ids), dtype=torch.float64),
+            torch.zeros(len(ids), dtype=torch.float64),
+        ]
         if raw:
             ret += [1 - s] * n_draws + [s] * n_draws
         for a in alpha.tolist():
@@ -269,9 +275,15 @@ def soft_metrics(
     if routing == "fixed":
         store: dict[str, list[Tensor]] = {}
         saving = pattern_cache_hooks(store)(int(model.cfg.n_layers))
-        target_outputs(model, attribution.token_ids, attribution.mask,
-                       attribution.target.positions, head=head, hooks=lambda rows: saving,
-                       max_batch=max_batch)
+        target_outputs(
+            model,
+            attribution.token_ids,
+            attribution.mask,
+            attribution.target.positions,
+            head=head,
+            hooks=lambda rows: saving,
+            max_batch=max_batch,
+        )
         patterns = {name: torch.cat(chunks) for name, chunks in store.items()}
 
     def keep_for(rows: slice) -> Tensor:
@@ -286,8 +298,11 @@ def soft_metrics(
                 u = _row_uniforms(plan.seed, k, (n, d_model) if per_element else (n,))
                 m = (u < (q[:, None] if per_element else q)).to(torch.float64)
             else:
-                m = (q[:, None] if per_element else q).expand(
-                    (n, d_model) if per_element else (n,)).clone()
+                m = (
+                    (q[:, None] if per_element else q)
+                    .expand((n, d_model) if per_element else (n,))
+                    .clone()
+                )
             keep[j, first_real[b] : first_real[b] + n] = m
         return keep
 
@@ -303,17 +318,40 @@ def soft_metrics(
     # distributions per chunk are reduced to distances against each row's clean p; the clean and
     # baseline rows come first in every item's block, so distances are computed after the fact
     # from a per-item stream to keep memory at one item's rows.
-    dists = _distances_by_item(model, tokens, mask, positions, hooks, reduce, n_rows, max_batch,
-                               head, distance)
-    return _assemble(plans, dists, pis_t, n_draws, raw, n_pi, distance, {
-        "n_draws": n_draws, "per_element": per_element, "distance": distance,
-        "routing": routing, "seed": seed, "keep_special": keep_special,
-    })
+    dists = _distances_by_item(
+        model, tokens, mask, positions, hooks, reduce, n_rows, max_batch, head, distance
+    )
+    return _assemble(
+        plans,
+        dists,
+        pis_t,
+        n_draws,
+        raw,
+        n_pi,
+        distance,
+        {
+            "n_draws": n_draws,
+            "per_element": per_element,
+            "distance": distance,
+            "routing": routing,
+            "seed": seed,
+            "keep_special": keep_special,
+        },
+    )
 
 
-def _distances_by_item(model: Any, tokens: Tensor, mask: Tensor, positions: Tensor, hooks: Any,
-                       reduce: Any, n_rows: int, max_batch: int, head: Head | None,
-                       distance: str) -> Tensor:
+def _distances_by_item(
+    model: Any,
+    tokens: Tensor,
+    mask: Tensor,
+    positions: Tensor,
+    hooks: Any,
+    reduce: Any,
+    n_rows: int,
+    max_batch: int,
+    head: Head | None,
+    distance: str,
+) -> Tensor:
     """``[items, rows, 3]``: (Hellinger, ReAGent comprehensiveness distance, KL) to clean p."""
     clean: dict[int, Tensor] = {}
 
@@ -338,13 +376,22 @@ def _distances_by_item(model: Any, tokens: Tensor, mask: Tensor, positions: Tens
                 clean.pop(b, None)
         return res
 
-    out = target_outputs(model, tokens, mask, positions, head=head, reduce=to_dist, hooks=hooks,
-                         max_batch=max_batch)
+    out = target_outputs(
+        model, tokens, mask, positions, head=head, reduce=to_dist, hooks=hooks, max_batch=max_batch
+    )
     return out.reshape(-1, n_rows, 3)
 
 
-def _assemble(plans: list[_ItemPlan], dists: Tensor, pis: Tensor, n_draws: int, raw: bool,
-              n_pi: int, distance: str, options: dict[str, Any]) -> SoftResult:
+def _assemble(
+    plans: list[_ItemPlan],
+    dists: Tensor,
+    pis: Tensor,
+    n_draws: int,
+    raw: bool,
+    n_pi: int,
+    distance: str,
+    options: dict[str, Any],
+) -> SoftResult:
     n_items = len(plans)
     h = dists[..., 0]
     if distance == "hellinger":
