@@ -243,9 +243,19 @@ def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]) -> l
 
 # ----------------------------------------------------------------------------- scoring
 def score_task(
-    model: Any, task: str, data: Prepared, methods: Sequence[str], batch_size: int, seed: int
+    model: Any,
+    task: str,
+    data: Prepared,
+    methods: Sequence[str],
+    batch_size: int,
+    seed: int,
+    examples: list[Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric."""
+    """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric.
+
+    ``examples``: when given and empty, receives each method's first item (first mode) for the
+    report's token maps."""
+    collect = examples is not None and not examples
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     modes = [("contrastive", True), ("plain", False)] if data.foils else [("plain", False)]
     records: list[dict[str, Any]] = []
@@ -260,6 +270,8 @@ def score_task(
             for method in methods:
                 opts = {"seed": seed + start} if method == "random" else {}
                 attr = attribute(model, prompts, target, method=method, **opts)
+                if collect and examples is not None and start == 0 and mode == modes[0][0]:
+                    examples.append(attr[0])
                 for specials, ids in (("in", []), ("out", special_out)):
                     values = plausibility(attr, evidence, list(METRICS.values()), special_ids=ids)
                     for metric, column in values.items():
@@ -348,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}
     linzen: list[dict[str, Any]] = []
+    examples: list[Any] = []
     for task in tasks:
         if task == "linzen":
             linzen = linzen_accuracy(model, args.n_linzen, args.seed, prefix)
@@ -367,7 +380,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{len(data.prompts)}",
             flush=True,
         )
-        records += score_task(model, task, data, methods, args.batch_size, args.seed)
+        records += score_task(
+            model, task, data, methods, args.batch_size, args.seed, examples=examples
+        )
     summary = summarize(records)
 
     lines = [
@@ -409,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         figures=figures(summary, list(counts)),
         table=table,
         extra={"counts": counts, "linzen": linzen},
+        examples=examples,
         argv=argv,
         started=started,
     )

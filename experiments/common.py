@@ -118,13 +118,15 @@ def write_outputs(
     argv: Sequence[str] | None = None,
     started: float | None = None,
     ci_rows: Sequence[str] | None = None,
+    examples: Sequence[Any] = (),
 ) -> dict[str, Path]:
     """Write ``<name>.json`` (config, summary, records, extra, table), ``<name>.csv`` (summary)
     and ``<name>.html`` (:func:`report_html`). Returns the paths.
 
     ``argv``: the experiment's arguments (for the footer's command); ``started``: its
     ``time.perf_counter()`` at start (for the wall time); ``ci_rows``: the record keys of the
-    CI table's rows (default: the summary's text keys but ``metric``).
+    CI table's rows (default: the summary's text keys but ``metric``); ``examples``: one-item
+    Attributions (one per method) shown as token maps and per-layer maps.
     """
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -154,6 +156,7 @@ def write_outputs(
             model=config.get("model"),
             seconds=seconds,
             ci_rows=ci_rows,
+            examples=examples,
         ),
         encoding="utf-8",
     )
@@ -171,15 +174,18 @@ def report_html(
     model: str | None,
     seconds: float | None,
     ci_rows: Sequence[str] | None = None,
+    examples: Sequence[Any] = (),
 ) -> str:
     """An experiment's page: the printed table, the method × metric means with n and 95%
-    intervals (when the records have ``metric`` and ``value``), every figure (plotly.js inlined
-    once), and the footer."""
+    intervals (when the records have ``metric`` and ``value``), one example's token maps and
+    per-layer maps, every figure (plotly.js inlined once), and the footer."""
     import html
 
     from lens_attrib.report import ci_table_html, figure_html, footer_html, page_html, section
 
     body = [section("Table", f"<pre>{html.escape(table)}</pre>")] if table else []
+    if examples:
+        body.append(example_section(examples))
     if records and {"metric", "value"} <= set(records[0]):
         keys = list(ci_rows) if ci_rows is not None else ci_row_keys(summary, records)
         body.append(
@@ -196,6 +202,31 @@ def report_html(
         f"{name}: {model}" if model else name,
         body,
         footer=footer_html(command=command, model=model, seconds=seconds),
+    )
+
+
+def example_section(examples: Sequence[Any]) -> str:
+    """Token maps of the first item of each example Attribution (one row per method) and a
+    layer × token map for each that has per-layer scores."""
+    from lens_attrib.plot import layer_heatmap
+    from lens_attrib.report import attribution_rows, figure_html, section, token_map_html
+
+    rows = [row for attr in examples for row in attribution_rows(attr, [0])]
+    maps = [
+        figure_html(
+            layer_heatmap(attr),
+            f"{attr.method}: each token's relevance read at every layer (scale ± max |score| "
+            "of the map, centred at 0).",
+        )
+        for attr in examples
+        if attr.layer_scores is not None
+    ]
+    prompt = "".join(examples[0].tokens[0])
+    return section(
+        "One example",
+        token_map_html(rows),
+        *maps,
+        intro=f"The first explained item: {prompt[:300]}",
     )
 
 

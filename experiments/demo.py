@@ -58,6 +58,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1, as in the experiments; 0 leaves torch's default)",
+    )
     parser.add_argument("--out", default="results/demo")
     return parser.parse_args(argv)
 
@@ -287,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ["python", "-m", "experiments.demo", *(sys.argv[1:] if argv is None else argv)]
     )
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     model = load_model(args.model, device=args.device)
     print(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s")

@@ -13,6 +13,7 @@ import time
 
 import plotly.graph_objects as go
 import pytest
+import torch
 from headless_chromium import PageReport, find_chromium, open_page
 
 from experiments import common
@@ -20,6 +21,15 @@ from lens_attrib.methods.registry import METHOD_INFO
 
 DEMO_METHODS = ("grad_x_input", "normxlogit", "logat", "alti_logit", "embed_norm")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread while a report is built (much faster on a loaded 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +73,7 @@ def _describe(name: str, report: PageReport, page_bytes: int, seconds: float) ->
     )
 
 
-def test_demo_report_renders_offline(smollm2, tmp_path, chromium):
+def test_demo_report_renders_offline(smollm2, tmp_path, chromium, one_thread):
     from experiments import demo
 
     args = demo.parse_args(
@@ -87,14 +97,14 @@ def test_demo_report_renders_offline(smollm2, tmp_path, chromium):
     assert report.dom.count('class="tok"') == sum(len(a.tokens[0]) for a in out["attributions"])
 
 
-def test_experiment_report_renders_offline(smollm2, tmp_path, chromium):
+def test_experiment_report_renders_offline(smollm2, tmp_path, chromium, one_thread):
     from experiments import faithfulness
 
     common._MODELS[("smollm2-135m", "cpu")] = smollm2
     try:
         out = faithfulness.main(
             [
-                "--n", "2", "--datasets", "sst2", "--methods", "grad_x_input,random",
+                "--n", "2", "--datasets", "sst2", "--methods", "normxlogit,random",
                 "--max-tokens", "12", "--pis", "0.3,0.7", "--n-draws", "1",
                 "--fractions", "0.5", "--device", "cpu", "--out", str(tmp_path / "faith"),
             ]
@@ -105,11 +115,16 @@ def test_experiment_report_renders_offline(smollm2, tmp_path, chromium):
     text = page.read_text(encoding="utf-8")
     assert "cdn.plot.ly" not in text
     started = time.perf_counter()
-    report = open_page(chromium, page, screenshot=tmp_path / "faithfulness.png", expect_figures=2)
+    # normxlogit's layer × token map, then the AOPC and π-Soft curves of the one dataset
+    expected = 3
+    report = open_page(
+        chromium, page, screenshot=tmp_path / "faithfulness.png", expect_figures=expected
+    )
     _describe("faithfulness", report, len(text.encode()), time.perf_counter() - started)
-    _check_rendered(report, 2)  # AOPC curves and π-Soft curves of the one dataset
-    assert report.state["traces"] == ["scatter+scatter+scatter+scatter"] * 2
+    _check_rendered(report, expected)
+    assert report.state["traces"] == ["heatmap"] + ["scatter+scatter+scatter+scatter"] * 2
     assert "95% percentile-bootstrap interval" in report.dom
+    assert "target-free" in report.dom  # the random baseline's row says so
 
 
 def test_a_page_that_needs_the_cdn_fails_offline(tmp_path, chromium):
