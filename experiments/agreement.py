@@ -334,19 +334,24 @@ def task_table(
     return format_table(rows, header, fmt=str)
 
 
-def figures(summary: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
+def figures(records: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
+    """Per task and mode (specials out): bars of each method's metrics with 95% intervals."""
     from lens_attrib.plot import metric_bars
+    from lens_attrib.report import ci_rows
 
     figs = []
     for task in tasks:
         for mode in ("contrastive", "plain"):
-            rows = [
-                {"method": r["method"], "metric": r["metric"], "mean": r["mean"]}
-                for r in summary
+            picked = [
+                r
+                for r in records
                 if r["task"] == task and r["mode"] == mode and r["specials"] == "out"
             ]
-            if rows:
-                figs.append(metric_bars(rows, title=f"{task}: {mode} target, specials out"))
+            if picked:
+                rows = ci_rows(picked, ["method", "metric"])
+                figs.append(
+                    metric_bars(rows, title=f"{task}: {mode} target, specials out (95% CI)")
+                )
     return figs
 
 
@@ -421,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         config=config,
         summary=summary,
         records=records,
-        figures=figures(summary, list(counts)),
+        figures=figures(records, list(counts)),
         table=table,
         extra={"counts": counts, "linzen": linzen},
         examples=examples,

@@ -358,6 +358,7 @@ def pruning_curve(
                 go.Scatter(
                     x=np.concatenate([x, x[::-1]]),
                     y=np.concatenate([mean + std, (mean - std)[::-1]]),
+                    mode="lines",
                     fill="toself",
                     fillcolor="rgba(128,128,128,0.25)",
                     line={"width": 0},

@@ -188,7 +188,7 @@ def token_map_html(rows: Sequence[TokenRow], *, shared_scale: bool = False) -> s
         lines.append(
             f'<tr><td style="{cell}"><b>{html.escape(row.label)}</b></td>'
             f'<td style="{cell};white-space:nowrap">{html.escape(row.explains)}</td>'
-            f'<td style="{cell};line-height:1.9">{"".join(spans)}</td>'
+            f'<td style="{cell};line-height:1.9">{"<wbr>".join(spans)}</td>'
             f'<td style="{cell};text-align:right">{row_max:.3g}</td></tr>'
         )
     lines.append("</table>")

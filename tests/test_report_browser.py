@@ -104,7 +104,7 @@ def test_experiment_report_renders_offline(smollm2, tmp_path, chromium, one_thre
     try:
         out = faithfulness.main(
             [
-                "--n", "2", "--datasets", "sst2", "--methods", "normxlogit,random",
+                "--n", "1", "--datasets", "sst2", "--methods", "normxlogit,random",
                 "--max-tokens", "12", "--pis", "0.3,0.7", "--n-draws", "1",
                 "--fractions", "0.5", "--device", "cpu", "--out", str(tmp_path / "faith"),
             ]
