@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -225,9 +226,19 @@ def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]) -> l
 
 # ----------------------------------------------------------------------------- scoring
 def score_task(
-    model: Any, task: str, data: Prepared, methods: Sequence[str], batch_size: int, seed: int
+    model: Any,
+    task: str,
+    data: Prepared,
+    methods: Sequence[str],
+    batch_size: int,
+    seed: int,
+    examples: list[Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric."""
+    """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric.
+
+    ``examples``: when given and empty, receives each method's first item (first mode) for the
+    report's token maps."""
+    collect = examples is not None and not examples
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     modes = [("contrastive", True), ("plain", False)] if data.foils else [("plain", False)]
     records: list[dict[str, Any]] = []
@@ -242,6 +253,8 @@ def score_task(
             for method in methods:
                 opts = {"seed": seed + start} if method == "random" else {}
                 attr = attribute(model, prompts, target, method=method, **opts)
+                if collect and examples is not None and start == 0 and mode == modes[0][0]:
+                    examples.append(attr[0])
                 for specials, ids in (("in", []), ("out", special_out)):
                     values = plausibility(attr, evidence, list(METRICS.values()), special_ids=ids)
                     for metric, column in values.items():
@@ -304,23 +317,29 @@ def task_table(
     return format_table(rows, header, fmt=str)
 
 
-def figures(summary: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
+def figures(records: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
+    """Per task and mode (specials out): bars of each method's metrics with 95% intervals."""
     from lens_attrib.plot import metric_bars
+    from lens_attrib.report import ci_rows
 
     figs = []
     for task in tasks:
         for mode in ("contrastive", "plain"):
-            rows = [
-                {"method": r["method"], "metric": r["metric"], "mean": r["mean"]}
-                for r in summary
+            picked = [
+                r
+                for r in records
                 if r["task"] == task and r["mode"] == mode and r["specials"] == "out"
             ]
-            if rows:
-                figs.append(metric_bars(rows, title=f"{task}: {mode} target, specials out"))
+            if picked:
+                rows = ci_rows(picked, ["method", "metric"])
+                figs.append(
+                    metric_bars(rows, title=f"{task}: {mode} target, specials out (95% CI)")
+                )
     return figs
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     random.seed(args.seed)
@@ -329,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}
     linzen: list[dict[str, Any]] = []
+    examples: list[Any] = []
     for task in tasks:
         if task == "linzen":
             linzen = linzen_accuracy(model, args.n_linzen, args.seed, prefix)
@@ -348,7 +368,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{len(data.prompts)}",
             flush=True,
         )
-        records += score_task(model, task, data, methods, args.batch_size, args.seed)
+        records += score_task(
+            model, task, data, methods, args.batch_size, args.seed, examples=examples
+        )
     summary = summarize(records)
 
     lines = [
@@ -387,9 +409,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         config=config,
         summary=summary,
         records=records,
-        figures=figures(summary, list(counts)),
+        figures=figures(records, list(counts)),
         table=table,
         extra={"counts": counts, "linzen": linzen},
+        examples=examples,
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "counts": counts, "linzen": linzen, "paths": paths, "table": table}
 

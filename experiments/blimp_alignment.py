@@ -23,6 +23,7 @@ every layer).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,9 +119,18 @@ def layer_rows(
 
 
 def score(
-    model: Any, paradigm: str, items: list[Any], methods: Sequence[str], batch_size: int, seed: int
+    model: Any,
+    paradigm: str,
+    items: list[Any],
+    methods: Sequence[str],
+    batch_size: int,
+    seed: int,
+    examples: list[Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Records: paradigm × item × method × layer × metric."""
+    """Records: paradigm × item × method × layer × metric.
+
+    ``examples``: when given and empty, receives each method's first item for the report."""
+    collect = examples is not None and not examples
     special = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     prepend = bool(getattr(model.cfg, "default_prepend_bos", False))
     records: list[dict[str, Any]] = []
@@ -139,6 +149,8 @@ def score(
                 [it.foil for it in chunk],
                 seed + start,
             )
+            if collect and examples is not None and start == 0:
+                examples.append(attr[0])
             for layer in range(rows.shape[1]):
                 if bool(torch.isnan(rows[:, layer]).all()):
                     continue
@@ -245,6 +257,7 @@ def figures(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     paradigms, methods = parse_list(args.paradigms), parse_list(args.methods)
@@ -257,12 +270,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
     n_layers = int(model.cfg.n_layers)
     records: list[dict[str, Any]] = []
+    examples: list[Any] = []
     counts = {}
     for paradigm in paradigms:
         items = items_for(model, paradigm, args.n, args.seed, args.only_correct)
         counts[paradigm] = len(items)
         print(f"{paradigm}: {len(items)} items", flush=True)
-        records += score(model, paradigm, items, methods, args.batch_size, args.seed)
+        records += score(
+            model, paradigm, items, methods, args.batch_size, args.seed, examples=examples
+        )
     summary = summarize(records)
     lines = [
         f"Per-layer alignment with BLiMP evidence on {args.model} (DP: l1-normalised dot "
@@ -285,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         table=table,
         figures=figures(summary, paradigms, methods, n_layers),
         extra={"counts": counts, "n_layers": n_layers},
+        examples=examples,
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "counts": counts, "paths": paths, "table": table}
 

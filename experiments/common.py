@@ -2,7 +2,9 @@
 
 Every experiment is ``python -m experiments.NAME --model … --n … --out results/NAME`` and writes
 ``<out>/<name>.json`` (config + records + summary), ``<out>/<name>.csv`` (the summary rows) and
-``<out>/<name>.html`` (its plotly figures), then prints a table in the paper's layout.
+``<out>/<name>.html`` (a self-contained report: the table, the method × metric means with 95%
+bootstrap intervals, the figures with plotly.js inlined, and a footer with command, model, date
+and wall time), then prints a table in the paper's layout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import csv
 import json
 import math
 import os
+import shlex
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -95,6 +99,12 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def command_line(module: str, argv: Sequence[str] | None = None) -> str:
+    """The shell command that reruns ``module`` with ``argv`` (default: this process's)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return shlex.join(["python", "-m", module, *args])
+
+
 def write_outputs(
     out: str | Path,
     name: str,
@@ -105,9 +115,19 @@ def write_outputs(
     figures: Sequence[Any] = (),
     table: str = "",
     extra: dict[str, Any] | None = None,
+    argv: Sequence[str] | None = None,
+    started: float | None = None,
+    ci_rows: Sequence[str] | None = None,
+    examples: Sequence[Any] = (),
 ) -> dict[str, Path]:
     """Write ``<name>.json`` (config, summary, records, extra, table), ``<name>.csv`` (summary)
-    and ``<name>.html`` (figures, plotly.js from the CDN once). Returns the paths."""
+    and ``<name>.html`` (:func:`report_html`). Returns the paths.
+
+    ``argv``: the experiment's arguments (for the footer's command); ``started``: its
+    ``time.perf_counter()`` at start (for the wall time); ``ci_rows``: the record keys of the
+    CI table's rows (default: the summary's text keys but ``metric``); ``examples``: one-item
+    Attributions (one per method) shown as token maps and per-layer maps.
+    """
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -124,22 +144,101 @@ def write_outputs(
     }
     paths["json"].write_text(json.dumps(json_safe(payload), indent=1), encoding="utf-8")
     write_csv(paths["csv"], summary)
-    parts = [
-        "<html><head><meta charset='utf-8'>",
-        f"<title>{name}</title></head><body>",
-        f"<h1>{name}</h1><pre>{_escape(table)}</pre>",
-    ]
-    for i, fig in enumerate(figures):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False))
-    parts.append("</body></html>")
-    paths["html"].write_text("\n".join(parts), encoding="utf-8")
+    seconds = None if started is None else time.perf_counter() - started
+    paths["html"].write_text(
+        report_html(
+            name,
+            table=table,
+            records=records,
+            summary=summary,
+            figures=figures,
+            command=command_line(f"experiments.{name}", argv),
+            model=config.get("model"),
+            seconds=seconds,
+            ci_rows=ci_rows,
+            examples=examples,
+        ),
+        encoding="utf-8",
+    )
     return paths
 
 
-def _escape(text: str) -> str:
+def report_html(
+    name: str,
+    *,
+    table: str,
+    records: Sequence[dict[str, Any]],
+    summary: Sequence[dict[str, Any]],
+    figures: Sequence[Any],
+    command: str,
+    model: str | None,
+    seconds: float | None,
+    ci_rows: Sequence[str] | None = None,
+    examples: Sequence[Any] = (),
+) -> str:
+    """An experiment's page: the printed table, the method × metric means with n and 95%
+    intervals (when the records have ``metric`` and ``value``), one example's token maps and
+    per-layer maps, every figure (plotly.js inlined once), and the footer."""
     import html
 
-    return html.escape(text)
+    from lens_attrib.report import ci_table_html, figure_html, footer_html, page_html, section
+
+    body = [section("Table", f"<pre>{html.escape(table)}</pre>")] if table else []
+    if examples:
+        body.append(example_section(examples))
+    if records and {"metric", "value"} <= set(records[0]):
+        keys = list(ci_rows) if ci_rows is not None else ci_row_keys(summary, records)
+        body.append(
+            section(
+                "Means with 95% intervals",
+                ci_table_html(records, keys, "metric"),
+                intro="Each cell: the mean over items, its percentile-bootstrap interval over "
+                "items and n.",
+            )
+        )
+    if figures:
+        body.append(section("Figures", *(figure_html(fig) for fig in figures)))
+    return page_html(
+        f"{name}: {model}" if model else name,
+        body,
+        footer=footer_html(command=command, model=model, seconds=seconds),
+    )
+
+
+def example_section(examples: Sequence[Any]) -> str:
+    """Token maps of the first item of each example Attribution (one row per method) and a
+    layer × token map for each that has per-layer scores."""
+    from lens_attrib.plot import layer_heatmap
+    from lens_attrib.report import attribution_rows, figure_html, section, token_map_html
+
+    rows = [row for attr in examples for row in attribution_rows(attr, [0])]
+    maps = [
+        figure_html(
+            layer_heatmap(attr),
+            f"{attr.method}: each token's relevance read at every layer (scale ± max |score| "
+            "of the map, centred at 0).",
+        )
+        for attr in examples
+        if attr.layer_scores is not None
+    ]
+    prompt = "".join(examples[0].tokens[0])
+    return section(
+        "One example",
+        token_map_html(rows),
+        *maps,
+        intro=f"The first explained item: {prompt[:300]}",
+    )
+
+
+def ci_row_keys(summary: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> list[str]:
+    """The grouping keys of the summary that the records share (``method`` last), but
+    ``metric`` and the statistics: e.g. ``dataset, method`` or ``task, mode, specials, method``."""
+    stats = {"metric", "mean", "n", "std", "value", "ci_low", "ci_high"}
+    first = records[0]
+    keys = [k for k in (summary[0] if summary else {}) if k in first and k not in stats]
+    if "method" in keys:
+        keys = [k for k in keys if k != "method"] + ["method"]
+    return keys or ["method"]
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -1,20 +1,25 @@
 """Main job: SmolLM2 on the template agreement tasks, explained with every registered method.
 
     python -m experiments.demo [--n 60] [--model smollm2-135m] [--out results/demo]
+        [--methods grad_x_input,normxlogit,...] [--n-blimp 200] [--n-explain 16]
 
 Prints the model's accuracy on the template tasks (subject–verb agreement, reflexive anaphora,
 determiner–noun agreement) and on BLiMP ``regular_plural_subject_verb_agreement_1``, explains one
 agreement example with every method in ``METHODS`` (contrastive: target − foil), prints the
-ground-truth table (pointing game, MRR) when the evaluation package is present, and writes an
-HTML report with the figures.
+ground-truth table (pointing game, MRR; means over items with 95% bootstrap intervals), and
+writes ``<out>/report.html``: a self-contained page (plotly.js inlined, no network) with the
+token maps, the methods × tokens map, the per-layer maps, the tables and a footer saying how it
+was made.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
+import shlex
+import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,139 +27,278 @@ import torch
 
 from lens_attrib import METHODS, Target, attribute, load_model
 from lens_attrib.data import GENERATORS, evidence_token_positions, load_blimp
-from lens_attrib.scoring import contrastive_scores, minimal_pair_accuracy, single_token_items
+from lens_attrib.report import (
+    attribution_rows,
+    ci_rows,
+    ci_table_html,
+    figure_html,
+    footer_html,
+    section,
+    token_map_html,
+    write_page,
+)
+from lens_attrib.scoring import contrastive_scores, sentence_logprobs, single_token_items
 
 BLIMP_PARADIGM = "regular_plural_subject_verb_agreement_1"
 SKIP_IN_DEMO = {"random"}
+LAYER_MAPS_FIRST = ("normxlogit", "logat", "alti_logit")
+"""Per-layer maps shown first: the logit lens (NormXLogit, LogAt) and ALTI-Logit's layers."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--n", type=int, default=60, help="items per template task")
     parser.add_argument("--n-blimp", type=int, default=200)
     parser.add_argument("--n-explain", type=int, default=16, help="items for the PG/MRR table")
+    parser.add_argument(
+        "--methods",
+        default="",
+        help="comma list of registered methods (default: all but " + ", ".join(SKIP_IN_DEMO) + ")",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1, as in the experiments; 0 leaves torch's default)",
+    )
     parser.add_argument("--out", default="results/demo")
     return parser.parse_args(argv)
 
 
-def accuracy_table(model: Any, n: int, n_blimp: int, seed: int) -> dict[str, float]:
-    rows: dict[str, float] = {}
+def demo_methods(spec: str) -> list[str]:
+    """The methods to run: ``spec`` (comma list) or every registered one but the baselines."""
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    if not names:
+        return sorted(m for m in METHODS if m not in SKIP_IN_DEMO)
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; registered: {sorted(METHODS)}")
+    return names
+
+
+def accuracy_records(model: Any, n: int, n_blimp: int, seed: int) -> list[dict[str, Any]]:
+    """One record per scored item: ``{"task", "metric": "accuracy", "item", "value": 0 | 1}``."""
+    records: list[dict[str, Any]] = []
+
+    def add(task: str, correct: Any) -> None:
+        records.extend(
+            {"task": task, "metric": "accuracy", "item": i, "value": float(c)}
+            for i, c in enumerate(correct.tolist())
+        )
+
     for task, generate in GENERATORS.items():
-        rows[f"template {task}"] = contrastive_scores(model, generate(n, seed=seed)).accuracy
+        add(f"template {task}", contrastive_scores(model, generate(n, seed=seed)).correct)
     blimp = load_blimp(BLIMP_PARADIGM, n=n_blimp)
-    rows[f"BLiMP {BLIMP_PARADIGM} (full sentence)"] = minimal_pair_accuracy(
-        model, [it.meta["sentence_good"] for it in blimp], [it.meta["sentence_bad"] for it in blimp]
-    )
+    good = sentence_logprobs(model, [it.meta["sentence_good"] for it in blimp])
+    bad = sentence_logprobs(model, [it.meta["sentence_bad"] for it in blimp])
+    add(f"BLiMP {BLIMP_PARADIGM} (full sentence)", good > bad)
     one_token, dropped = single_token_items(model, blimp)
-    rows[f"BLiMP {BLIMP_PARADIGM} (one-prefix, {dropped} multi-token dropped)"] = (
-        contrastive_scores(model, one_token).accuracy
+    add(
+        f"BLiMP {BLIMP_PARADIGM} (one-prefix, {dropped} multi-token dropped)",
+        contrastive_scores(model, one_token).correct,
     )
-    return rows
+    return records
 
 
-def explain_example(model: Any, item: Any) -> list[Any]:
+def explain_example(
+    model: Any, item: Any, methods: Sequence[str]
+) -> tuple[list[Any], dict[str, str]]:
+    """Every method on one item (contrastive target − foil); methods that raise are skipped."""
     target = Target(token=item.target, foil=item.foil)
-    results = []
-    for name in sorted(METHODS):
-        if name in SKIP_IN_DEMO:
-            continue
+    results, skipped = [], {}
+    for name in methods:
         try:
             results.append(attribute(model, item.prompt, target, method=name))
         except Exception as err:  # a method that does not apply is reported, not fatal
-            print(f"  {name}: skipped ({type(err).__name__}: {err})")
-    return results
+            skipped[name] = f"{type(err).__name__}: {err}"
+            print(f"  {name}: skipped ({skipped[name]})")
+    return results, skipped
 
 
-def ground_truth_table(model: Any, items: list[Any]) -> dict[str, dict[str, float]] | None:
+def ground_truth_records(
+    model: Any, items: list[Any], methods: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Pointing game and MRR of every method on ``items`` (evidence: the subject noun)."""
     from lens_attrib.evaluation import plausibility
 
     prepend = bool(model.cfg.default_prepend_bos)
     evidence = [evidence_token_positions(it, model.tokenizer, prepend_bos=prepend) for it in items]
-    table: dict[str, dict[str, float]] = {}
     target = Target(token=[it.target for it in items], foil=[it.foil for it in items])
-    for name in sorted(METHODS):
+    records: list[dict[str, Any]] = []
+    for name in methods:
         try:
             attr = attribute(model, [it.prompt for it in items], target, method=name)
         except Exception:
             continue
         values = plausibility(attr, evidence, ["pointing_game", "mrr"])
-        table[name] = {metric: float(v.nanmean()) for metric, v in values.items()}
-    return table
+        for metric, column in values.items():
+            records.extend(
+                {"method": name, "metric": metric, "item": i, "value": float(v)}
+                for i, v in enumerate(column.tolist())
+            )
+    return records
+
+
+def figures(attributions: Sequence[Any]) -> list[tuple[Any, str]]:
+    """The methods × tokens map, then a layer × token map per method with layer scores."""
+    from lens_attrib.plot import layer_heatmap, method_grid
+
+    figs: list[tuple[Any, str]] = []
+    if attributions:
+        figs.append(
+            (
+                method_grid(list(attributions)),
+                "Every method on the example; each row divided by its max |score| "
+                "(diverging scale centred at 0).",
+            )
+        )
+    layered = [a for a in attributions if a.layer_scores is not None]
+    layered.sort(
+        key=lambda a: LAYER_MAPS_FIRST.index(a.method) if a.method in LAYER_MAPS_FIRST else 99
+    )
+    for attr in layered:
+        figs.append(
+            (
+                layer_heatmap(attr),
+                f"{attr.method}: relevance of each token read at every layer (one colour "
+                "scale per map, centred at 0, range ± max |score| of the map).",
+            )
+        )
+    return figs
 
 
 def write_report(
     path: Path,
-    accuracy: dict[str, float],
-    attributions: list[Any],
-    table: dict[str, dict[str, float]] | None,
+    *,
+    model_name: str,
+    accuracy: Sequence[dict[str, Any]],
+    attributions: Sequence[Any],
+    skipped: dict[str, str],
+    ground_truth: Sequence[dict[str, Any]],
     item: Any,
-) -> None:
-    parts = [
-        "<html><head><meta charset='utf-8'><title>lens_attrib demo</title></head><body>",
-        "<h1>lens_attrib demo: SmolLM2-135M-Instruct</h1><h2>Accuracy</h2><ul>",
+    n_explain: int,
+    footer: str,
+) -> Path:
+    """The demo page: accuracy, one example (token maps, figures), ground truth, footer."""
+    from lens_attrib.plot import metric_bars
+
+    body = [
+        section(
+            "Accuracy",
+            ci_table_html(accuracy, ("task",), "metric"),
+            intro="Share of items where logit(target) > logit(foil) at the last token (BLiMP "
+            "full sentence: log p(good sentence) > log p(bad sentence)).",
+        )
     ]
-    parts += [f"<li>{html.escape(k)}: {v:.3f}</li>" for k, v in accuracy.items()]
-    parts.append(
-        f"</ul><h2>One example</h2><p>{html.escape(item.prompt)} → "
-        f"{html.escape(repr(item.target))} vs {html.escape(repr(item.foil))}</p>"
-    )
-    parts += [a.to_html() for a in attributions]
-    if table:
-        parts.append(
-            "<h2>Ground truth (subject noun)</h2><table border=1><tr><th>method</th>"
-            "<th>PG</th><th>MRR</th></tr>"
+    example = [
+        f"<p>Prompt <code>{_escape(item.prompt)}</code> → target <code>{_escape(repr(item.target))}"
+        f"</code> vs foil <code>{_escape(repr(item.foil))}</code>: contrastive methods explain "
+        "logit(target) − logit(foil); target-free methods say so.</p>"
+    ]
+    if attributions:
+        rows = [row for a in attributions for row in attribution_rows(a, [0])]
+        example.append(token_map_html(rows))
+    if skipped:
+        example.append(
+            '<p class="note">Skipped: '
+            + "; ".join(f"{_escape(k)} ({_escape(v)})" for k, v in skipped.items())
+            + "</p>"
         )
-        for name, row in table.items():
-            parts.append(
-                f"<tr><td>{html.escape(name)}</td><td>{row['pointing_game']:.3f}</td>"
-                f"<td>{row['mrr']:.3f}</td></tr>"
+    example += [figure_html(fig, caption) for fig, caption in figures(attributions)]
+    body.append(section("One example, every method", *example))
+    if ground_truth:
+        summary = ci_rows(ground_truth, ["method", "metric"])
+        body.append(
+            section(
+                "Ground truth: the subject noun",
+                ci_table_html(ground_truth, ("method",), "metric"),
+                figure_html(metric_bars(summary, title="Pointing game and MRR (95% CI)")),
+                intro=f"{n_explain} subject–verb agreement items with one attractor; the "
+                "evidence is the subject noun. Pointing game: the top token is evidence; MRR: "
+                "1 / rank of the best-ranked evidence token.",
             )
-        parts.append("</table>")
-    parts.append("<h2>Figures</h2>")
-    for i, attr in enumerate(attributions):
-        parts.append(
-            attr.plot().to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False)
         )
-    parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    return write_page(
+        path,
+        f"lens_attrib demo: {model_name}",
+        body,
+        subtitle="Template agreement tasks and BLiMP, explained with the registered methods.",
+        footer=footer,
+    )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    started = time.perf_counter()
-    model = load_model(args.model, device=args.device)
-    print(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s")
+def _escape(text: str) -> str:
+    import html
 
-    accuracy = accuracy_table(model, args.n, args.n_blimp, args.seed)
-    print("\nAccuracy (logit(target) > logit(foil)):")
-    for name, value in accuracy.items():
-        print(f"  {name:<50} {value:.3f}")
+    return html.escape(text)
+
+
+def run(model: Any, args: argparse.Namespace, *, started: float, command: str) -> dict[str, Any]:
+    """Everything after loading the model: tables printed, ``<out>/report.html`` written."""
+    methods = demo_methods(args.methods)
+    accuracy = accuracy_records(model, args.n, args.n_blimp, args.seed)
+    print("\nAccuracy (logit(target) > logit(foil)), mean [95% CI] n:")
+    for row in ci_rows(accuracy, ["task"]):
+        print(
+            f"  {row['task']:<70} {row['mean']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+            f" n={row['n']}"
+        )
 
     items = GENERATORS["sva"](max(args.n_explain, 1), seed=args.seed + 1, n_attractors=(1,))
     item = items[0]
     print(f"\nExplaining {item.prompt!r} → {item.target!r} vs {item.foil!r}")
-    attributions = explain_example(model, item)
+    attributions, skipped = explain_example(model, item, methods)
     for attr in attributions:
         top = ", ".join(f"{tok!r} {score:+.3g}" for _, tok, score in attr.top(3))
         print(f"  {attr.method:<22} top: {top}")
 
-    table = ground_truth_table(model, items)
+    ground_truth = ground_truth_records(model, items, methods)
+    table = ci_rows(ground_truth, ["method", "metric"])
     if table:
         print(f"\nGround truth on {len(items)} sva items (evidence: the subject noun):")
-        print(f"  {'method':<22} {'PG':>6} {'MRR':>6}")
-        for name, row in table.items():
-            print(f"  {name:<22} {row['pointing_game']:>6.3f} {row['mrr']:>6.3f}")
+        for row in table:
+            print(
+                f"  {row['method']:<22} {row['metric']:<14} {row['mean']:.3f} "
+                f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] n={row['n']}"
+            )
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / "report.html"
-    write_report(report, accuracy, attributions, table, item)
+    report = write_report(
+        Path(args.out) / "report.html",
+        model_name=args.model,
+        accuracy=accuracy,
+        attributions=attributions,
+        skipped=skipped,
+        ground_truth=ground_truth,
+        item=item,
+        n_explain=len(items),
+        footer=footer_html(
+            command=command, model=args.model, seconds=time.perf_counter() - started
+        ),
+    )
     print(f"\nReport: {report}  ({time.perf_counter() - started:.1f} s in all)")
-    return {"accuracy": accuracy, "table": table}
+    return {
+        "accuracy": accuracy,
+        "ground_truth": ground_truth,
+        "attributions": attributions,
+        "report": report,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    command = shlex.join(
+        ["python", "-m", "experiments.demo", *(sys.argv[1:] if argv is None else argv)]
+    )
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    model = load_model(args.model, device=args.device)
+    print(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s")
+    return run(model, args, started=started, command=command)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -196,6 +197,7 @@ def concat_results(parts: list[Any]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     tok = model.tokenizer
@@ -204,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     accuracy: dict[str, float] = {}
     figs: list[Any] = []
+    examples: list[Any] = []
     for dataset in datasets:
         ids = label_ids(tok, dataset)
         items = load(dataset, args.n, args.seed)
@@ -226,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for method in methods:
                 opts = {"seed": args.seed + start} if method == "random" else {}
                 attr = attribute(model, prompts[sl], target, method=method, **opts)
+                if start == 0 and dataset == datasets[0]:
+                    examples.append(attr[0])
                 values, res_a, res_d = evaluate_batch(model, attr, args, pis)
                 aopc_parts[method].append(res_a)
                 soft_parts[method].append(res_d)
@@ -269,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         figures=figs,
         table=table,
         extra={"accuracy": accuracy},
+        examples=examples,
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
 

@@ -3,7 +3,9 @@ Decomposition-based XAI-Methods for Transformer Language Models", head-pruning e
 
 For every method × pooling the heads are pruned least relevant first and the task accuracy
 (target vs foil logit at the last token) is recorded; random orders are the baseline. Writes a JSON
-result and a plotly HTML per task to ``--out`` and prints the AUC table.
+result and a self-contained HTML report per task (``<task>.html``: the AUC table, the accuracy
+and logit-difference curves with plotly.js inlined, a footer) to ``--out`` and prints the AUC
+table.
 
     python -m experiments.head_pruning --model smollm2-135m --n 40 --step 10 \
         --out results/head_pruning
@@ -14,7 +16,10 @@ Defaults are small (16 items, a point every 30 heads) so that a run takes minute
 from __future__ import annotations
 
 import argparse
+import html
 import random
+import shlex
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -33,6 +38,7 @@ from lens_attrib.pruning import (
     head_relevance_methods,
     run_pruning,
 )
+from lens_attrib.report import figure_html, footer_html, section, write_page
 from lens_attrib.scoring import single_token_items
 
 PAPER_METHODS = ["attnlrp", "lrp", "grad_x_input", "gradient", "alti_logit"]
@@ -96,6 +102,39 @@ def best_method(result: PruningResult) -> str:
     return f"{best} (AUC {aucs[best]:.3f}; random {result.aucs()[RANDOM][0]:.3f})"
 
 
+def write_task_report(
+    path: Path, result: PruningResult, *, model_name: str, task: str, command: str, seconds: float
+) -> Path:
+    """``<task>.html``: the AUC table, both pruning curves, the footer."""
+    figs = [
+        figure_html(
+            pruning_curve(
+                result, metric, title=f"{model_name} · {task}: {metric}", pooling_labels=POOLINGS
+            ),
+            f"{metric.replace('_', ' ')} after pruning the least relevant heads first; random "
+            "orders: mean ± std band.",
+        )
+        for metric in ("accuracy", "logit_diff")
+    ]
+    n_items = result.meta.get("n_items", "?")
+    body = [
+        section(
+            "AUC",
+            f"<pre>{html.escape(auc_table(result))}</pre>",
+            intro="Area under the curve over the fraction of heads pruned (higher: the "
+            "relevances found the heads that do not matter); random: mean ± std over seeds.",
+        ),
+        section("Pruning curves", *figs),
+    ]
+    return write_page(
+        path,
+        f"Head pruning: {model_name} · {task}",
+        body,
+        subtitle=f"{n_items} items; best: {best_method(result)}",
+        footer=footer_html(command=command, model=model_name, seconds=seconds),
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -126,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", default="results/head_pruning")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    command = shlex.join(
+        ["python", "-m", "experiments.head_pruning", *(sys.argv[1:] if argv is None else argv)]
+    )
 
     methods = list(args.methods)
     poolings = [p for p in args.poolings.split(",") if p]
@@ -166,16 +208,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         seconds = time.perf_counter() - started
         result.meta.update(task=task, args=vars(args), seconds=seconds)
         result.save(out / f"{task}.json")
-        for metric in ("accuracy", "logit_diff"):
-            fig = pruning_curve(result, metric, title=f"{args.model} · {task}: {metric}")
-            fig.write_html(out / f"{task}_{metric}.html")
+        page = write_task_report(
+            out / f"{task}.html",
+            result,
+            model_name=args.model,
+            task=task,
+            command=command,
+            seconds=time.perf_counter() - started,
+        )
         print(
             f"\n== {task}: {len(items)} items, unpruned accuracy {result.curves[0].accuracy[0]:.3f}"
             f", {result.meta['masks_evaluated']} masks evaluated, {seconds:.0f} s =="
         )
         print(auc_table(result))
         print(f"keeps accuracy longest: {best_method(result)}")
-        print(f"wrote {out / f'{task}.json'} and {out / f'{task}_accuracy.html'}")
+        print(f"wrote {out / f'{task}.json'} and {page}")
 
 
 if __name__ == "__main__":

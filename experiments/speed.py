@@ -165,6 +165,7 @@ def largest_batch(mem1: float, mem2: float, budget: float, cap: int) -> int:
 
 # ------------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
     methods, lengths = parse_list(args.methods), [int(x) for x in parse_list(args.lengths)]
@@ -222,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         figures=figs,
         table=table,
         extra={"device": str(model.cfg.device), "threads": torch.get_num_threads()},
+        argv=argv,
+        started=started,
     )
     return {"summary": summary, "paths": paths, "table": table}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -165,27 +164,15 @@ class Attribution:
         return f"id {int(self.target.token_ids[item])}"
 
     def to_html(self, item: int | None = None) -> str:
-        """Tokens coloured by signed relevance (red positive, blue negative), HTML-escaped."""
-        items = range(len(self)) if item is None else [item]
-        rows = []
-        for i in items:
-            scores = self.item_scores(i).detach().cpu().double()
-            scale = float(scores.abs().max()) or 1.0
-            spans = []
-            for tok, s in zip(self.tokens[i], scores.tolist()):
-                a = min(abs(s) / scale, 1.0)
-                rgb = "220,38,38" if s >= 0 else "37,99,235"
-                spans.append(
-                    f'<span title="{s:.4g}" style="background: rgba({rgb},{a:.3f}); '
-                    f'padding:1px 2px; margin:0 1px; border-radius:3px; white-space:pre">'
-                    f"{html.escape(tok)}</span>"
-                )
-            header = html.escape(f"{self.method} → {self._target_label(i)}")
-            rows.append(
-                f'<div style="font-family:monospace; margin:4px 0"><b>{header}</b><br>'
-                f"{''.join(spans)}</div>"
-            )
-        return "\n".join(rows)
+        """Tokens coloured by signed relevance, one row per item (``item``: just that one).
+
+        Diverging colours centred at 0 (red positive, blue negative), each row scaled to its
+        max |score| (shown), with a legend; tokens HTML-escaped, whitespace shown as ␣ ⏎.
+        Self-contained inline HTML: renders in Jupyter, exported notebooks and reports.
+        """
+        from lens_attrib.report import attribution_rows, token_map_html
+
+        return token_map_html(attribution_rows(self, None if item is None else [item]))
 
     def _repr_html_(self) -> str:
         return self.to_html()

@@ -7,8 +7,22 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-if TYPE_CHECKING:  # plot reads Attributions but imports nothing of the library at run time
+from lens_attrib.report import escape_token, explained_label
+
+if TYPE_CHECKING:  # plot reads Attributions; it imports neither them nor methods at run time
     from lens_attrib.attribution import Attribution
+
+
+def _token_labels(tokens: Sequence[str]) -> list[str]:
+    """``"pos:token"`` axis labels: escaped (plotly reads HTML entities), whitespace visible."""
+    return [f"{i}:{escape_token(t)}" for i, t in enumerate(tokens)]
+
+
+def _explained_title(prefix: str, attribution: Attribution, item: int) -> str:
+    """A title: ``prefix`` + what ``item`` explains (escaped; target-free methods say so)."""
+    import html
+
+    return html.escape(prefix + explained_label(attribution, item))
 
 
 def _symmetric_range(values: Any) -> float:
@@ -22,7 +36,7 @@ def token_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
     """Signed relevance of every real token of one item (diverging colours, zero = white)."""
     scores = attribution.numpy(item)
     tokens = attribution.tokens[item]
-    labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
+    labels = _token_labels(tokens)
     vmax = _symmetric_range(scores)
     fig = go.Figure(
         go.Heatmap(
@@ -31,14 +45,16 @@ def token_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
             y=[attribution.method],
             zmin=-vmax,
             zmax=vmax,
+            zmid=0.0,
             colorscale="RdBu_r",
-            text=[[t for t in tokens]],
+            colorbar={"title": {"text": "relevance"}},
+            text=[[escape_token(t) for t in tokens]],
             texttemplate="%{text}",
             hovertemplate="%{x}<br>relevance %{z:.4g}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=title or f"{attribution.method} → {attribution._target_label(item)}",
+        title=title or _explained_title(f"{attribution.method} → ", attribution, item),
         height=220,
         xaxis={"showticklabels": False},
     )
@@ -52,21 +68,28 @@ def layer_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
     mask = attribution.mask[item]
     z = attribution.layer_scores[item][:, mask].detach().cpu().double().numpy()
     tokens = attribution.tokens[item]
+    layers = list(attribution.meta.get("layers") or range(z.shape[0]))
+    if len(layers) != z.shape[0]:
+        layers = list(range(z.shape[0]))
     vmax = _symmetric_range(z)
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=[f"{i}:{t}" for i, t in enumerate(tokens)],
-            y=[f"layer {layer}" for layer in range(z.shape[0])],
+            x=_token_labels(tokens),
+            y=[f"layer {layer}" for layer in layers],
             zmin=-vmax,
             zmax=vmax,
+            zmid=0.0,
             colorscale="RdBu_r",
+            colorbar={"title": {"text": "relevance"}},
             hovertemplate="%{y} %{x}<br>relevance %{z:.4g}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=title or f"{attribution.method} per layer → {attribution._target_label(item)}",
-        height=max(300, 18 * z.shape[0]),
+        title=title
+        or _explained_title(f"{attribution.method} per layer × token → ", attribution, item),
+        height=max(300, 18 * z.shape[0] + 140),
+        xaxis={"tickangle": -45},
     )
     return fig
 
@@ -110,21 +133,24 @@ def method_grid(
         rows.append(attr.numpy(item))
     z = _row_normalized(rows) if normalize else np.asarray(rows, dtype=np.float64)
     vmax = 1.0 if normalize else _symmetric_range(z)
+    bar = "score ÷ row max |score|" if normalize else "relevance"
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=[f"{i}:{t}" for i, t in enumerate(tokens)],
+            x=_token_labels(tokens),
             y=[label for label, _ in named],
             zmin=-vmax,
             zmax=vmax,
+            zmid=0.0,
             colorscale="RdBu_r",
-            text=[list(tokens)] * len(named),
+            colorbar={"title": {"text": bar}},
+            text=[[escape_token(t) for t in tokens]] * len(named),
             texttemplate="%{text}",
             hovertemplate="%{y} %{x}<br>relevance %{z:.3g}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=title or f"Methods × tokens → {named[0][1]._target_label(item)}",
+        title=title or _explained_title("Methods × tokens → ", named[0][1], item),
         height=max(260, 32 * len(named) + 120),
         xaxis={"showticklabels": False},
         yaxis={"autorange": "reversed"},
@@ -216,11 +242,13 @@ def metric_bars(
     title: str | None = None,
     error: bool = True,
 ) -> go.Figure:
-    """Grouped bars: one group per method, one bar per metric (mean, ± std when given).
+    """Grouped bars: one group per method, one bar per metric (mean with error bars).
 
-    ``summary``: rows with ``method``, ``metric``, ``mean`` (optional ``std``, ``layer``) — e.g.
-    ``EvalResult.summary`` or an ``EvalResult``. Per-layer rows (``layer`` not None) and the
-    ``model`` pseudo-method are left out.
+    ``summary``: rows with ``method``, ``metric``, ``mean`` (optional ``ci_low``/``ci_high``
+    or ``std``, and ``layer``) — e.g. ``EvalResult.summary``, an ``EvalResult`` or
+    :func:`lens_attrib.report.ci_rows`. Error bars: the interval ``[ci_low, ci_high]`` when the
+    rows have one, else ± std. Per-layer rows (``layer`` not None) and the ``model``
+    pseudo-method are left out.
     """
     rows = [
         r
@@ -232,26 +260,34 @@ def metric_bars(
     if not rows or not names:
         raise ValueError("metric_bars needs summary rows with method, metric and mean.")
     table = {(r["method"], r["metric"]): r for r in rows}
+    with_ci = any("ci_low" in r for r in rows)
     fig = go.Figure()
     for metric in names:
-        means = [table.get((m, metric), {}).get("mean") for m in methods]
-        stds = [table.get((m, metric), {}).get("std") for m in methods]
-        fig.add_trace(
-            go.Bar(
-                x=methods,
-                y=means,
-                name=metric,
-                error_y=(
-                    {"type": "data", "array": stds, "visible": True}
-                    if error and any(s is not None for s in stds)
-                    else None
-                ),
-            )
-        )
+        cells = [table.get((m, metric), {}) for m in methods]
+        means = [c.get("mean") for c in cells]
+        bars: dict[str, Any] | None
+        if with_ci:
+            up = [_gap(c.get("ci_high"), c.get("mean")) for c in cells]
+            down = [_gap(c.get("mean"), c.get("ci_low")) for c in cells]
+            bars = {"type": "data", "array": up, "arrayminus": down, "visible": True}
+        else:
+            stds = [c.get("std") for c in cells]
+            has_std = any(s is not None for s in stds)
+            bars = {"type": "data", "array": stds, "visible": True} if has_std else None
+        fig.add_trace(go.Bar(x=methods, y=means, name=metric, error_y=bars if error else None))
     fig.update_layout(
-        title=title or "Metrics by method", barmode="group", height=420, yaxis_title="mean"
+        title=title or ("Metrics by method (95% CI)" if with_ci else "Metrics by method"),
+        barmode="group",
+        height=420,
+        yaxis_title="mean",
     )
     return fig
+
+
+def _gap(high: float | None, low: float | None) -> float | None:
+    if high is None or low is None:
+        return None
+    return float(high) - float(low)
 
 
 def layer_curves(
@@ -285,14 +321,22 @@ def _colour(k: int) -> str:
     return palette[k % len(palette)]
 
 
-def pruning_curve(curves: Any, metric: str = "accuracy", title: str | None = None) -> go.Figure:
+def pruning_curve(
+    curves: Any,
+    metric: str = "accuracy",
+    title: str | None = None,
+    pooling_labels: Mapping[str, str] | None = None,
+) -> go.Figure:
     """Head-pruning curves: ``metric`` vs number of pruned heads, one line per label.
 
     ``curves``: a :class:`lens_attrib.pruning.PruningResult`, or a list of ``PruningCurve``.
     Curves sharing a label (the random baseline's seeds) are drawn as their mean with a ± std
-    band; every other label (``method/pooling``) as one line.
+    band; every other label (``method/pooling``) as one line, named ``method (pooling label)``
+    when ``pooling_labels`` (e.g. ``lens_attrib.pruning.POOLINGS``) names the pooling.
     """
     import numpy as np
+
+    names_of_poolings = dict(pooling_labels or {})
 
     curve_list = list(getattr(curves, "curves", curves))
     if not curve_list:
@@ -307,7 +351,11 @@ def pruning_curve(curves: Any, metric: str = "accuracy", title: str | None = Non
             raise ValueError(f"Curves labelled {label!r} are recorded at different points.")
         values = np.array([getattr(c, metric) for c in group], dtype=np.float64)
         mean = values.mean(0)
-        name = getattr(group[0], "display_label", label)
+        method, _, pooling = label.partition("/")
+        if pooling and names_of_poolings:
+            name = f"{method} ({names_of_poolings.get(pooling, pooling)})"
+        else:  # PruningCurve.display_label names the pooling itself
+            name = getattr(group[0], "display_label", label)
         if len(group) > 1:
             std = values.std(0)
             name = f"{name} (mean ± std, n={len(group)})"
@@ -315,6 +363,7 @@ def pruning_curve(curves: Any, metric: str = "accuracy", title: str | None = Non
                 go.Scatter(
                     x=np.concatenate([x, x[::-1]]),
                     y=np.concatenate([mean + std, (mean - std)[::-1]]),
+                    mode="lines",
                     fill="toself",
                     fillcolor="rgba(128,128,128,0.25)",
                     line={"width": 0},

@@ -129,3 +129,32 @@ def test_layer_curves_one_line_per_label():
     fig = layer_curves({"x": [0.1, 0.2, 0.3], "y": [0.5]}, first_layer=1)
     assert [list(t.x) for t in fig.data] == [[1, 2, 3], [1]]
     assert list(fig.data[0].y) == [0.1, 0.2, 0.3]
+
+
+def test_pruning_curve_names_poolings_only_when_given():
+    from lens_attrib.plot import pruning_curve
+
+    def curve(label, acc):
+        return SimpleNamespace(label=label, n_pruned=[0, 2, 4], accuracy=acc, n_heads=4)
+
+    curves = [curve("gxi/relu_dim", [1.0, 0.5, 0.0]), curve("random", [1.0, 0.5, 0.5])]
+    named = pruning_curve(curves, pooling_labels={"relu_dim": "ReLU dim"})
+    assert [t.name for t in named.data] == ["gxi (ReLU dim)", "random"]
+    raw = pruning_curve(curves)
+    assert [t.name for t in raw.data] == ["gxi (relu_dim)", "random"]
+    np.testing.assert_allclose(raw.data[0].y, [1.0, 0.5, 0.0])
+
+
+def test_token_labels_are_escaped_and_whitespace_visible(model):
+    attr = attribute(model, ["the cat"], Target(), method="gradient")
+    attr.tokens[0] = ["<b>", "\n cat"]
+    fig = token_heatmap(attr)
+    assert list(fig.data[0].x) == ["0:&lt;b&gt;", "1:⏎␣cat"]
+    assert fig.data[0].zmid == 0.0
+    assert "<b>" not in fig.layout.title.text
+
+
+def test_target_free_methods_are_not_labelled_with_a_target(model):
+    attr = attribute(model, ["the cat sat"], Target(), method="embed_norm")
+    assert "target-free" in token_heatmap(attr).layout.title.text
+    assert "target-free" in attr.to_html()
