@@ -264,6 +264,7 @@ def test_optimistic_rewards_all_zero_scores_and_expected_does_not():
     assert mrr(s, [2], valid) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
     assert pointing_game(s, [1], valid) == pytest.approx(0.25)
     assert is_degenerate(s, valid) and not is_degenerate(s)
+    assert not is_degenerate(t([0.0])) and not is_degenerate(s, torch.arange(5) == 0)
 
 
 def test_boolean_evidence_mask_equals_positions():

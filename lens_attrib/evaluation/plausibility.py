@@ -50,8 +50,8 @@ gives every real token 0 ties them all). ``ties`` chooses how:
   an upper bound that rewards ties.
 - ``"pessimistic"``: ties resolved against evidence; a lower bound.
 
-:func:`is_degenerate` flags score vectors that are constant over the valid tokens (they carry no
-ranking; under ``"expected"`` they score the random baseline).
+:func:`is_degenerate` flags score vectors that are constant over two or more valid tokens (they
+carry no ranking; under ``"expected"`` they score the random baseline).
 
 Items with no (valid) evidence get NaN.
 """
@@ -152,11 +152,14 @@ def _tie_groups(s: Tensor, g: Tensor) -> list[tuple[int, int, int, int]]:
 
 
 def is_degenerate(scores: Float[Tensor, "pos"], valid: Bool[Tensor, "pos"] | None = None) -> bool:
-    """True when the scores are constant over the valid positions (no ranking at all)."""
+    """True when the scores are constant over two or more valid positions (no ranking at all).
+
+    An item with a single valid token is not flagged: every method ties there.
+    """
     s = torch.as_tensor(scores).detach().cpu().to(torch.float64).reshape(-1)
     if valid is not None:
         s = s[torch.as_tensor(valid, dtype=torch.bool).reshape(-1).cpu()]
-    return s.numel() > 0 and bool((s == s[0]).all())
+    return s.numel() > 1 and bool((s == s[0]).all())
 
 
 def pointing_game(
