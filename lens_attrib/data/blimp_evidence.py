@@ -9,7 +9,8 @@ carries over to BLiMP's other agreement paradigms:
 - ``subject_head`` (subject–verb agreement, anaphor agreement, distractor agreement): the
   controller is the head noun of the sentence subject. Skip a leading determiner or quantifier
   (``"The"``, ``"Most"``, ``"A lot of"``, ...); the head is the next word (a proper name when
-  there is no determiner), or the word after it when the two form one of BLiMP's two-word nouns
+  there is no determiner: its last capitalized word, ``"Winston Churchill"``), or the word after
+  it when the two form one of BLiMP's two-word nouns
   (``"movie theater"``, ``"art gallery"``). Post-nominal material — a relational PP (``"The
   niece of most senators"``), a relative clause (``"The boys that the teacher likes"``), the verb
   and its object (``"Susan revealed"``) — comes after the head and is skipped by construction,
@@ -49,6 +50,7 @@ _COMPOUNDS: dict[str, frozenset[str]] = {
     "high": frozenset({"school", "schools"}),
     "college": frozenset({"campus", "campuses"}),
     "ice": frozenset({"cream"}),
+    "current": frozenset({"event", "events"}),
 }
 """The two-word nouns of BLiMP's vocabulary: modifier -> heads it combines with."""
 
@@ -61,6 +63,8 @@ def _subject_head(words: list[str]) -> int | None:
         i = 1
     else:
         i = 0
+        while i + 1 < len(words) and words[i + 1][:1].isupper():  # "Winston Churchill"
+            i += 1
     if i + 1 < len(words) and lowered[i + 1] in _COMPOUNDS.get(lowered[i], frozenset()):
         i += 1
     return i if i < len(words) else None
