@@ -293,3 +293,17 @@ def test_degenerate_flags_constant_rows_over_valid_tokens():
         [True, True],
         [False, True],
     ]
+
+
+def test_attribution_wrapper_accepts_boolean_masks():
+    ids = torch.tensor([[0, 1, 7, 8, 9], [1, 5, 6, 7, 8]])
+    mask = torch.tensor([[False, True, True, True, True], [True] * 5])
+    scores = t([[0.0, 0.1, 0.9, 0.3, 0.2], [0.3, 0.1, 0.2, 0.9, 0.5]])
+    attr = _attr(scores, mask, ids)
+    positions = [[2], [4, 1]]
+    masks = [torch.tensor([False, False, True, False]), torch.tensor([0, 1, 0, 0, 1]) > 0]
+    by_pos = plausibility(attr, positions)
+    by_mask = plausibility(attr, masks)
+    for name in PLAUSIBILITY_METRICS:
+        assert torch.equal(by_pos[name], by_mask[name]), name
+    assert by_mask["pointing_game"].tolist() == [0.0, 0.0]

@@ -78,11 +78,14 @@ TIE_RULES = ("expected", "first", "ferrando", "optimistic", "pessimistic")
 
 def _evidence_mask(evidence: Evidence, n: int) -> Tensor:
     """Boolean ``[n]`` evidence vector from positions or from a boolean mask."""
-    if isinstance(evidence, Tensor | np.ndarray):
+    items = None if isinstance(evidence, Tensor | np.ndarray) else list(evidence)
+    if items is not None and items and all(isinstance(x, Tensor | np.generic) for x in items):
+        evidence = torch.stack([torch.as_tensor(x).reshape(()) for x in items])
+        items = None
+    if items is None:
         ev = torch.as_tensor(evidence).reshape(-1).cpu()
         is_mask = ev.dtype == torch.bool
     else:
-        items = list(evidence)
         is_mask = bool(items) and all(isinstance(x, bool | np.bool_) for x in items)
         if not is_mask and any(isinstance(x, bool | np.bool_) for x in items):
             raise TypeError(f"evidence mixes booleans and positions: {items}")
@@ -94,7 +97,7 @@ def _evidence_mask(evidence: Evidence, n: int) -> Tensor:
                 "long as the scores, or a list of positions"
             )
         return ev.clone()
-    if ev.is_floating_point():
+    if ev.is_floating_point() and ev.numel():
         raise TypeError(f"evidence positions must be integers or a boolean mask, got {ev.dtype}")
     g = torch.zeros(n, dtype=torch.bool)
     if ev.numel():
@@ -303,7 +306,7 @@ use ``ties="expected"``; ``_first`` / ``_ferrando`` / ``_optimistic`` name the o
 
 def plausibility(
     attribution: Attribution,
-    evidence: Sequence[Sequence[int]],
+    evidence: Sequence[Evidence],
     metrics: Sequence[str] = tuple(PLAUSIBILITY_METRICS),
     *,
     special_ids: Sequence[int] | None = None,
@@ -313,10 +316,11 @@ def plausibility(
     """Plausibility metrics of every item of ``attribution``.
 
     ``evidence[b]``: item b's evidence positions among its *real* tokens (unpadded positions,
-    e.g. from :func:`lens_attrib.data.evidence_token_positions`). ``special_ids``: token ids to
-    exclude (e.g. ``tokenizer.all_special_ids``: BOS/CLS/SEP). ``correct``: items where it is
-    False get NaN (evaluate correctly predicted items only). ``per_layer``: use ``layer_scores``
-    and return ``[batch, layer]`` per metric; otherwise ``[batch]``.
+    e.g. from :func:`lens_attrib.data.evidence_token_positions`), or a boolean mask over them.
+    ``special_ids``: token ids to exclude (e.g. ``tokenizer.all_special_ids``: BOS/CLS/SEP).
+    ``correct``: items where it is False get NaN (evaluate correctly predicted items only).
+    ``per_layer``: use ``layer_scores`` and return ``[batch, layer]`` per metric; otherwise
+    ``[batch]``.
     """
     unknown = [m for m in metrics if m not in PLAUSIBILITY_METRICS]
     if unknown:
@@ -351,7 +355,7 @@ def plausibility(
         for layer in range(n_layers):
             row = rows[layer].detach().cpu()
             for m in metrics:
-                out[m][b, layer] = PLAUSIBILITY_METRICS[m](row, list(evidence[b]), valid)
+                out[m][b, layer] = PLAUSIBILITY_METRICS[m](row, evidence[b], valid)
     return {m: (v if per_layer else v[:, 0]) for m, v in out.items()}
 
 
