@@ -28,8 +28,9 @@ paper picks the number of aggregated layers per dataset and model from {1, 4, 8,
 case, ``n_layers=1``. Consequence, which is the method and not a departure: when every real
 token's contribution at a layer is negative (all the positive part sits on the start token, the
 attention sink), the ReLU zeroes them all, and with one layer the normalized map is all zero on
-real tokens — on SmolLM2 and BLiMP regular plural subject–verb agreement about half of the
-contrastive items with ``n_layers=1``, a few percent with ``n_layers >= 8``. Rank metrics with
+real tokens — on SmolLM2 (contrastive targets, start token excluded) 7–10 of 30 items of BLiMP
+regular plural subject–verb agreement 1, determiner–noun agreement 2 and the template SVA task
+with ``n_layers=1``, none of them with ``n_layers=8``. Rank metrics with
 ``ties="expected"`` score such items as random (:mod:`lens_attrib.evaluation.plausibility`);
 aggregate more layers (``n_layers=8``) for fewer of them.
 
