@@ -93,9 +93,10 @@ def span_token_positions(
 
     ``text`` is tokenized with ``add_special_tokens=False`` and ``return_offsets_mapping=True``
     (so ``tokenizer`` must be a Hugging Face *fast* tokenizer). A span maps to *every* token whose
-    character span overlaps it, except special tokens (``tokenizer.all_special_ids``): a start
-    token written into the text (``"<|endoftext|>The women"``) is never part of the word it is
-    glued to. ``offset`` is added to each position.
+    character span overlaps it, except special tokens written literally into the text: a start
+    token such as ``"<|endoftext|>"`` in ``"<|endoftext|>The women"`` is never part of the word
+    it is glued to (an unknown-word token such as ``[UNK]`` still stands for its word).
+    ``offset`` is added to each position.
 
     Raises:
         TypeError: the tokenizer cannot return offsets.
@@ -109,8 +110,10 @@ def span_token_positions(
         )
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     special = _special_ids(tokenizer)
+    written = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    # a special token written into the text ("<|endoftext|>"); not an [UNK] standing for a word
     token_spans = [
-        (int(s), int(e), int(i))
+        (int(s), int(e), int(i) in special and text[int(s) : int(e)] in written)
         for (s, e), i in zip(encoding["offset_mapping"], encoding["input_ids"])
     ]
     positions: set[int] = set()
@@ -119,8 +122,8 @@ def span_token_positions(
             raise IndexError(f"character span ({start}, {end}) outside the text {text!r}")
         hits = [
             i
-            for i, (s, e, tid) in enumerate(token_spans)
-            if s < end and e > start and tid not in special
+            for i, (s, e, literal) in enumerate(token_spans)
+            if s < end and e > start and not literal
         ]
         if not hits:
             raise ValueError(f"span {text[start:end]!r} of {text!r} overlaps no token")
