@@ -14,8 +14,10 @@ Tasks (``--tasks``):
 - ``sva``       subject–verb agreement with attractors, template (``generate_sva``); evidence: the
                 subject noun.
 - ``blimp_rpsv``, ``blimp_darn``, ``blimp_ana``: BLiMP ``regular_plural_subject_verb_agreement_1``,
-                ``distractor_agreement_relational_noun``, ``anaphor_number_agreement`` (one-prefix
-                split); evidence from the paradigm rules in :mod:`lens_attrib.data.blimp_evidence`.
+                ``distractor_agreement_relational_noun``, ``anaphor_number_agreement``; any other
+                BLiMP agreement paradigm as ``blimp:<UID>`` (e.g.
+                ``blimp:determiner_noun_agreement_2``; ``--blimp-root`` for another folder of
+                BLiMP files); evidence from the rules in :mod:`lens_attrib.data.blimp_evidence`.
 - ``qa``        SQuAD v2 answerable questions; target: the first token of the first gold answer,
                 kept only where it is the model's own prediction; evidence: every token of the
                 answer span in the context. Non-contrastive only (no foil).
@@ -23,9 +25,20 @@ Tasks (``--tasks``):
                 do not say where the subject is, so there is no ground truth (the template
                 ``sva`` task stands in for it).
 
-Methods (``--methods``) × metrics PG (pointing game), MRR (optimistic ties), RMA (relevance mass
-accuracy) and PTA (per-token accuracy), for the contrastive target (``logit(target) −
-logit(foil)``) and the plain target logit, with special tokens counted ("in") or excluded ("out").
+Your own items: ``--data FILE.jsonl`` (or ``.csv``; repeatable) in the format of
+:mod:`lens_attrib.data.user` (prompt, target, optional foil, evidence words or character spans)
+adds a task named after the file's stem; with ``--data`` and no ``--tasks`` only those files
+run. Items with foils are explained contrastively and plainly; files without foils plainly
+(kept where the target is the model's own prediction).
+
+Methods (``--methods``) × metrics PG (pointing game), MRR, RMA (relevance mass accuracy) and PTA
+(per-token accuracy), for the contrastive target (``logit(target) − logit(foil)``) and the plain
+target logit, with special tokens counted ("in") or excluded ("out"). PG, MRR and PTA are
+expectations under uniformly random tie-breaking (:mod:`lens_attrib.evaluation.plausibility`),
+so a method whose scores are constant over the real tokens scores what ``random`` scores; the
+``deg`` columns count such degenerate items. Cells are means over items with a seeded percentile
+bootstrap 95% CI over items in the JSON/CSV summary (``ci_low``, ``ci_high``) and, with
+``--ci``, in the table.
 Only items the model gets right are explained (``logit(target) > logit(foil)``; for qa the
 argmax). SmolLM2 does not prepend a BOS token, so by default ``<|endoftext|>`` is put in front of
 every prompt (``--no-bos`` turns this off) — that is what makes "special tokens in/out" differ.
@@ -38,8 +51,10 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lens_attrib.hooks.guard import model_guard
 
@@ -59,15 +74,18 @@ from lens_attrib.data import (
     generate_anaphora,
     generate_sva,
     load_blimp,
+    load_items,
     load_linzen_sva,
     load_squad_v2,
 )
-from lens_attrib.evaluation.plausibility import plausibility
+from lens_attrib.evaluation.plausibility import degenerate, plausibility
 from lens_attrib.inputs import to_batch
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
 DEFAULT_METHODS = "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random"
 DEFAULT_TASKS = "ra,sva,blimp_darn,qa,linzen"
+TEMPLATE_TASKS = ("ra", "sva")
+OTHER_TASKS = ("qa", "linzen")
 METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "token_accuracy"}
 BLIMP_TASKS = {
     "blimp_rpsv": "regular_plural_subject_verb_agreement_1",
@@ -78,7 +96,22 @@ BLIMP_TASKS = {
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser = base_parser(__doc__.split("\n")[0], n=10, out="results/agreement")
-    parser.add_argument("--tasks", default=DEFAULT_TASKS)
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        help=f"comma-separated; default {DEFAULT_TASKS} (none with --data). Known: "
+        f"{', '.join((*TEMPLATE_TASKS, *BLIMP_TASKS, *OTHER_TASKS))}, blimp:<UID>",
+    )
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="your own items (.jsonl/.csv, see lens_attrib.data.user); repeatable",
+    )
+    parser.add_argument("--blimp-root", default=None, help="folder of BLiMP <UID>.jsonl files")
+    parser.add_argument("--ci", action="store_true", help="show bootstrap 95%% CIs in the table")
+    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per cell")
     parser.add_argument("--methods", default=DEFAULT_METHODS)
     parser.add_argument(
         "--n-qa",
@@ -127,23 +160,35 @@ def bos_prefix(model: Any, enabled: bool) -> tuple[str, int]:
     return text, len(tok(text, add_special_tokens=False)["input_ids"]) if text else 0
 
 
-def template_items(task: str, n: int, seed: int) -> list[TaskItem]:
+def data_task(path: str) -> str:
+    """The task name of a user item file: its stem."""
+    return Path(path).stem
+
+
+def task_items(
+    task: str, n: int, seed: int, data: dict[str, str], blimp_root: str | None = None
+) -> list[TaskItem]:
+    """Items of a template, BLiMP (alias or ``blimp:<UID>``) or user-file task."""
     if task == "ra":
         return generate_anaphora(n, seed=seed)
     if task == "sva":
         return generate_sva(n, seed=seed)
-    if task in BLIMP_TASKS:
-        return load_blimp(BLIMP_TASKS[task], n=4 * n, seed=seed)
-    raise KeyError(task)
+    if task in data:
+        return load_items(data[task])
+    if task in BLIMP_TASKS or task.startswith("blimp:"):
+        uid = BLIMP_TASKS.get(task) or task.split(":", 1)[1]
+        return load_blimp(uid, n=4 * n, seed=seed, root=blimp_root)
+    known = (*TEMPLATE_TASKS, *BLIMP_TASKS, *OTHER_TASKS, *data)
+    raise KeyError(f"unknown task {task!r}; known: {', '.join(known)}, blimp:<UID>, --data FILE")
 
 
 def prepare_contrastive(
-    model: Any, task: str, n: int, seed: int, prefix: tuple[str, int]
+    model: Any, items: Sequence[TaskItem], n: int, prefix: tuple[str, int]
 ) -> Prepared:
-    """Single-token, correctly predicted items of a template/BLiMP task (at most ``n``)."""
-    items, _ = single_token_items(model, template_items(task, n, seed))
-    items = [it for it in items if it.evidence_words]
-    text, shift = prefix
+    """Single-token, correctly predicted items with foils and evidence (at most ``n``)."""
+    total = len(items)
+    items, _ = single_token_items(model, [it for it in items if it.evidence_words])
+    text = prefix[0]
     shown = [dataclasses.replace(it, prompt=text + it.prompt) for it in items]
     correct = contrastive_scores(model, shown).correct.tolist() if shown else []
     kept = [(it, sh) for it, sh, ok in zip(items, shown, correct) if ok][:n]
@@ -151,9 +196,61 @@ def prepare_contrastive(
         prompts=[sh.prompt for _, sh in kept],
         targets=[it.target for it, _ in kept],
         foils=[it.foil for it, _ in kept],
-        evidence=[evidence_token_positions(it, model.tokenizer, offset=shift) for it, _ in kept],
+        evidence=[
+            evidence_token_positions(it, model.tokenizer, start_token=text or None)
+            for it, _ in kept
+        ],
         n_total=len(items),
         n_correct=int(sum(correct)),
+        note=f"{total - len(items)} without a single-token target/foil or evidence dropped"
+        if total > len(items)
+        else "",
+    )
+
+
+def prepare_plain(
+    model: Any, items: Sequence[TaskItem], n: int, prefix: tuple[str, int]
+) -> Prepared:
+    """Items without foils, kept where the single-token target is the model's prediction."""
+    tok = model.tokenizer
+    text = prefix[0]
+    rows = []
+    for it in items:
+        ids = tok(it.target, add_special_tokens=False)["input_ids"] if it.target else []
+        if len(ids) == 1 and it.evidence_words:
+            rows.append((it, int(ids[0])))
+    correct: list[bool] = []
+    with model_guard(model), torch.no_grad():
+        for start in range(0, len(rows), 8):
+            chunk = rows[start : start + 8]
+            batch = to_batch(model, [text + it.prompt for it, _ in chunk])
+            logits = model(batch.tokens, **batch.model_kwargs())
+            last = logits[torch.arange(len(chunk)), batch.last_real.to(logits.device)]
+            correct += [int(p) == a for p, (_, a) in zip(last.argmax(-1).tolist(), chunk)]
+    kept = [r for r, ok in zip(rows, correct) if ok][:n]
+    return Prepared(
+        prompts=[text + it.prompt for it, _ in kept],
+        targets=[a for _, a in kept],
+        foils=None,
+        evidence=[evidence_token_positions(it, tok, start_token=text or None) for it, _ in kept],
+        n_total=len(rows),
+        n_correct=int(sum(correct)),
+        note="no foils: plain target only, kept where it is the model's top prediction",
+    )
+
+
+def prepare_items(
+    model: Any, items: Sequence[TaskItem], n: int, prefix: tuple[str, int]
+) -> Prepared:
+    """Contrastive when every item has a foil, plain when none has; mixed files are an error."""
+    with_foil = [it.foil is not None for it in items]
+    if all(with_foil):
+        return prepare_contrastive(model, items, n, prefix)
+    if not any(with_foil):
+        return prepare_plain(model, items, n, prefix)
+    raise ValueError(
+        f"{with_foil.count(False)} of {len(items)} items have no foil; give every item a foil "
+        "(contrastive and plain targets) or none (plain target only)"
     )
 
 
@@ -257,6 +354,7 @@ def score_task(
                     examples.append(attr[0])
                 for specials, ids in (("in", []), ("out", special_out)):
                     values = plausibility(attr, evidence, list(METRICS.values()), special_ids=ids)
+                    flat = degenerate(attr, special_ids=ids).tolist()
                     for metric, column in values.items():
                         for j, v in enumerate(column.tolist()):
                             records.append(
@@ -268,20 +366,42 @@ def score_task(
                                     "specials": specials,
                                     "metric": metric,
                                     "value": float(v),
+                                    "degenerate": bool(flat[j]),
                                 }
                             )
     return records
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean per task × method × mode × specials × metric (NaN-ignoring)."""
-    groups: dict[tuple[Any, ...], list[float]] = {}
+def bootstrap_ci(
+    values: Sequence[float], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean over items: resample the items with replacement
+    ``n_boot`` times (``numpy.random.default_rng(seed)``) and take the ``(1 ± level)/2``
+    quantiles of the resampled means. NaN values are dropped first; ``(nan, nan)`` when none
+    remain."""
+    finite = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
+    if finite.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = finite[rng.integers(0, finite.size, size=(n_boot, finite.size))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def summarize(
+    records: Sequence[dict[str, Any]], *, n_boot: int = 1000, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Mean, bootstrap 95% CI and degenerate-item count per task × method × mode × specials ×
+    metric (NaN-ignoring; ``degenerate`` counts the scored items whose scores are constant)."""
+    groups: dict[tuple[Any, ...], list[tuple[float, bool]]] = {}
     for r in records:
         key = (r["task"], r["method"], r["mode"], r["specials"], r["metric"])
-        groups.setdefault(key, []).append(r["value"])
+        groups.setdefault(key, []).append((r["value"], bool(r.get("degenerate", False))))
     rows = []
-    for (task, method, mode, specials, metric), values in groups.items():
-        finite = [v for v in values if not math.isnan(v)]
+    for (task, method, mode, specials, metric), pairs in groups.items():
+        finite = [v for v, _ in pairs if not math.isnan(v)]
+        low, high = bootstrap_ci(finite, n_boot=n_boot, seed=seed)
         rows.append(
             {
                 "task": task,
@@ -290,30 +410,51 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "specials": specials,
                 "metric": metric,
                 "mean": finite_mean(finite),
+                "ci_low": low,
+                "ci_high": high,
                 "n": len(finite),
+                "degenerate": sum(1 for v, d in pairs if d and not math.isnan(v)),
             }
         )
     return rows
 
 
+def _cell(row: dict[str, Any] | None, ci: bool) -> str:
+    if row is None:
+        return pct(None)
+    if not ci or math.isnan(row["ci_low"]):
+        return pct(row["mean"])
+    return f"{pct(row['mean'])} [{pct(row['ci_low'])},{pct(row['ci_high'])}]"
+
+
 def task_table(
-    summary: Sequence[dict[str, Any]], task: str, methods: Sequence[str], specials: str
+    summary: Sequence[dict[str, Any]],
+    task: str,
+    methods: Sequence[str],
+    specials: str,
+    ci: bool = False,
 ) -> str:
-    """Rows: methods; columns: PG MRR RMA PTA for each mode (percent, as in the paper)."""
+    """Rows: methods; columns: PG MRR RMA PTA for each mode (percent, as in the paper), with
+    bootstrap 95% CIs when ``ci``, and ``deg``: items whose scores are constant over the
+    counted tokens, of those scored."""
     index = {
-        (r["method"], r["mode"], r["metric"]): r["mean"]
+        (r["method"], r["mode"], r["metric"]): r
         for r in summary
         if r["task"] == task and r["specials"] == specials
     }
     modes = [m for m in ("contrastive", "plain") if any(k[1] == m for k in index)]
+    short_mode = {"contrastive": "C", "plain": "NC"}
     header = ["method"] + [
-        f"{short} {'C' if mode == 'contrastive' else 'NC'}" for mode in modes for short in METRICS
+        f"{col} {short_mode[mode]}" for mode in modes for col in (*METRICS, "deg")
     ]
-    rows = [
-        [METHODS[m].label if m in METHODS else m]
-        + [pct(index.get((m, mode, METRICS[s]))) for mode in modes for s in METRICS]
-        for m in methods
-    ]
+    rows = []
+    for m in methods:
+        cells = [METHODS[m].label if m in METHODS else m]
+        for mode in modes:
+            cells += [_cell(index.get((m, mode, METRICS[s])), ci) for s in METRICS]
+            first = index.get((m, mode, METRICS["PG"]))
+            cells.append(f"{first['degenerate']}/{first['n']}" if first else "–")
+        rows.append(cells)
     return format_table(rows, header, fmt=str)
 
 
@@ -343,7 +484,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     model = setup(args)
     random.seed(args.seed)
-    methods, tasks = parse_list(args.methods), parse_list(args.tasks)
+    data_files = {data_task(path): str(path) for path in args.data}
+    if len(data_files) != len(args.data):
+        raise ValueError(f"--data files need distinct names (stems): {args.data}")
+    tasks = parse_list(
+        args.tasks if args.tasks is not None else "" if data_files else DEFAULT_TASKS
+    )
+    tasks += [t for t in data_files if t not in tasks]
+    methods = parse_list(args.methods)
     prefix = bos_prefix(model, not args.no_bos)
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}
@@ -356,7 +504,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if task == "qa":
             data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens, prefix)
         else:
-            data = prepare_contrastive(model, task, args.n, args.seed, prefix)
+            items = task_items(task, args.n, args.seed, data_files, args.blimp_root)
+            data = prepare_items(model, items, args.n, prefix)
         counts[task] = {
             "n_scored": data.n_total,
             "n_correct": data.n_correct,
@@ -371,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         records += score_task(
             model, task, data, methods, args.batch_size, args.seed, examples=examples
         )
-    summary = summarize(records)
+    summary = summarize(records, n_boot=args.n_boot, seed=args.seed)
 
     lines = [
         f"Ground-truth agreement on {args.model} (percent; C = contrastive target − foil, "
@@ -384,12 +533,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"[{task}] explained {counts[task]['n_explained']} of "
             f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
             f"{counts[task]['note']}".rstrip(),
-            task_table(summary, task, methods, "out"),
+            task_table(summary, task, methods, "out", ci=args.ci),
         ]
     if prefix[0]:
         lines += ["", "Special tokens counted (specials in):"]
         for task in counts:
-            lines += ["", f"[{task}]", task_table(summary, task, methods, "in")]
+            lines += ["", f"[{task}]", task_table(summary, task, methods, "in", ci=args.ci)]
     if linzen:
         lines += [
             "",
@@ -403,6 +552,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     table = "\n".join(lines)
     print(table)
     config = {**vars(args), "methods": methods, "tasks": tasks, "prefix": prefix[0]}
+    config["metric_ties"] = "expected (uniformly random tie-breaking)"
     paths = write_outputs(
         args.out,
         "agreement",

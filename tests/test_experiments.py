@@ -78,6 +78,37 @@ def test_agreement(tmp_path):
     assert payload["config"]["prefix"] == "<|endoftext|>"
 
 
+def test_agreement_on_user_jsonl(tmp_path):
+    from experiments import agreement
+    from lens_attrib.data import generate_sva, word_spans
+
+    rows = []
+    for i, item in enumerate(generate_sva(20, seed=5)):
+        row = {"prompt": item.prompt, "target": item.target, "foil": item.foil}
+        if i % 2:
+            row["evidence_spans"] = [list(word_spans(item.prompt)[w]) for w in item.evidence_words]
+        else:
+            row["evidence_words"] = list(item.evidence_words)
+        rows.append(row)
+    data = tmp_path / "my_items.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = agreement.main(
+        ["--data", str(data), "--n", "20", "--methods", "grad_x_input,random", "--ci",
+         "--n-boot", "200", "--device", "cpu", "--out", str(tmp_path / "out")]
+    )  # fmt: skip
+    payload, _ = _outputs(tmp_path / "out", "agreement")
+    assert payload["config"]["tasks"] == ["my_items"]
+    counts = payload["counts"]["my_items"]
+    assert counts["n_scored"] == 20 and 0 < counts["n_explained"] <= 20
+    n = counts["n_explained"]
+    assert len(payload["records"]) == n * 2 * 2 * 2 * 4
+    assert all(isinstance(r["degenerate"], bool) for r in payload["records"])
+    for r in payload["summary"]:
+        assert r["n"] == n and 0 <= r["degenerate"] <= n
+        assert r["ci_low"] - 1e-12 <= r["mean"] <= r["ci_high"] + 1e-12
+    assert "[my_items]" in out["table"] and "deg C" in out["table"] and " [" in out["table"]
+
+
 def test_blimp_alignment(tmp_path):
     from experiments import blimp_alignment
 
@@ -240,3 +271,22 @@ def test_format_table_and_json_safe():
     assert "0.500" in lines[2] and "–" in lines[2]
     assert common.json_safe({"a": [float("nan"), 1.0]}) == {"a": [None, 1.0]}
     assert common.pct(0.456) == "46" and common.pct(float("nan")) == "–"
+
+
+def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
+    import numpy as np
+
+    from experiments.agreement import bootstrap_ci
+
+    values = [0.0, 1.0, 1.0, 0.5, float("nan"), 0.25]
+    low, high = bootstrap_ci(values, n_boot=500, seed=3)
+    assert (low, high) == bootstrap_ci(values, n_boot=500, seed=3)
+    assert low < np.nanmean(values) < high and 0.0 <= low and high <= 1.0
+    assert bootstrap_ci([0.4] * 7) == pytest.approx((0.4, 0.4), abs=1e-12)
+    assert all(math.isnan(v) for v in bootstrap_ci([float("nan")]))
+    # the percentile interval of an independent resampling of the same size agrees loosely
+    rng = np.random.default_rng(0)
+    data = rng.uniform(size=200)
+    low, high = bootstrap_ci(list(data), n_boot=2000, seed=1)
+    half = 1.96 * data.std(ddof=1) / np.sqrt(data.size)
+    assert abs((high - low) / 2 - half) < 0.2 * half

@@ -3,7 +3,9 @@ Attribution-level wrapper (padding, special tokens, correct-only, per layer)."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -11,8 +13,12 @@ import torch
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.plausibility import (
+    PLAUSIBILITY_METRICS,
+    TIE_RULES,
     average_precision,
+    degenerate,
     dot_product,
+    is_degenerate,
     mrr,
     plausibility,
     pointing_game,
@@ -58,9 +64,12 @@ def test_average_precision_matches_independent_oracle_without_ties():
 def test_pointing_game():
     assert pointing_game(t([0.1, 0.9, 0.3]), [1]) == 1.0
     assert pointing_game(t([0.1, 0.9, 0.3]), [0, 2]) == 0.0
-    # ties at the max: the first position counts
-    assert pointing_game(t([0.5, 0.5]), [1]) == 0.0
-    assert pointing_game(t([0.5, 0.5]), [0]) == 1.0
+    # ties at the max under the "first" rule: the first position counts
+    assert pointing_game(t([0.5, 0.5]), [1], ties="first") == 0.0
+    assert pointing_game(t([0.5, 0.5]), [0], ties="first") == 1.0
+    # the default: the share of tied maxima that are evidence
+    assert pointing_game(t([0.5, 0.5]), [0]) == 0.5
+    assert pointing_game(t([0.5, 0.5, 0.5, 0.1]), [0, 3]) == pytest.approx(1 / 3)
 
 
 def test_mrr_tie_rules_differ_on_zero_relevance_ties():
@@ -76,6 +85,8 @@ def test_mrr_tie_rules_differ_on_zero_relevance_ties():
         assert mrr(s2, [1], ties=ties) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         mrr(s2, [1], ties="random")
+    # expected: slots 2, 3, 4 for the tie group {0, 1, 2}, evidence 2 uniform among them
+    assert mrr(s, [2]) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
 
 
 def test_relevance_mass_accuracy_clips_negatives():
@@ -115,11 +126,19 @@ def test_valid_mask_excludes_positions():
 
 def _attr(scores, mask, ids, layer_scores=None):
     b = scores.shape[0]
-    target = ResolvedTarget(torch.full((b,), scores.shape[1] - 1), torch.zeros(b, dtype=torch.long),
-                            None)
+    target = ResolvedTarget(
+        torch.full((b,), scores.shape[1] - 1), torch.zeros(b, dtype=torch.long), None
+    )
     tokens = [[str(int(i)) for i in row[m]] for row, m in zip(ids, mask)]
-    return Attribution(scores=scores, tokens=tokens, token_ids=ids, mask=mask, target=target,
-                       method="hand", layer_scores=layer_scores)
+    return Attribution(
+        scores=scores,
+        tokens=tokens,
+        token_ids=ids,
+        mask=mask,
+        target=target,
+        method="hand",
+        layer_scores=layer_scores,
+    )
 
 
 def test_attribution_wrapper_padding_special_correct_and_layers():
@@ -145,3 +164,146 @@ def test_attribution_wrapper_padding_special_correct_and_layers():
             assert per["mrr"][b, layer] == pytest.approx(mrr(real, evidence[b], valid))
     with pytest.raises(KeyError):
         plausibility(attr, evidence, ["nope"])
+
+
+# ------------------------------------------------------------------ ties: exact expectations
+RANK_METRICS = {
+    "pointing_game": pointing_game,
+    "mrr": mrr,
+    "token_accuracy": token_accuracy,
+    "average_precision": average_precision,
+}
+
+
+def _metric_of_ranking(name: str, order: Sequence[int], evidence: set[int]) -> float:
+    """The rank metric of one explicit ranking (an independent, definition-level oracle)."""
+    hits = [i in evidence for i in order]
+    k = len(evidence)
+    if name == "pointing_game":
+        return float(hits[0])
+    if name == "mrr":
+        return 1.0 / (1 + hits.index(True))
+    if name == "token_accuracy":
+        return sum(hits[:k]) / k
+    found, total = 0, 0.0
+    for rank, hit in enumerate(hits, start=1):
+        if hit:
+            found += 1
+            total += found / rank
+    return total / k
+
+
+def _brute_force_ties(name: str, s: np.ndarray, evidence: set[int]) -> float:
+    """Mean of the metric over every ranking consistent with ``s`` (all tie-breakings)."""
+    values = [
+        _metric_of_ranking(name, order, evidence)
+        for order in itertools.permutations(range(len(s)))
+        if all(s[order[i]] >= s[order[i + 1]] for i in range(len(s) - 1))
+    ]
+    return float(np.mean(values))
+
+
+@pytest.mark.parametrize("name", list(RANK_METRICS))
+def test_expected_ties_equal_enumeration_of_all_tie_breakings(name):
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        n = int(rng.integers(2, 7))
+        s = rng.integers(0, 3, size=n).astype(np.float64)  # few distinct values: many ties
+        ev = set(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False).tolist())
+        got = RANK_METRICS[name](t(s), sorted(ev))
+        assert got == pytest.approx(_brute_force_ties(name, s, ev), abs=1e-12)
+
+
+@pytest.mark.parametrize("name", list(RANK_METRICS))
+@pytest.mark.parametrize("value", [0.0, -1.5, 3.0])
+def test_constant_scores_score_the_random_expectation(name, value):
+    # random scores are i.i.d. uniform: their ranking is a uniform permutation of the n tokens
+    for n in range(1, 7):
+        for k in range(1, n + 1):
+            ev = set(range(n - k, n))  # evidence at the end: "first" rules would score it 0
+            uniform = np.mean(
+                [_metric_of_ranking(name, p, ev) for p in itertools.permutations(range(n))]
+            )
+            got = RANK_METRICS[name](torch.full((n,), value), sorted(ev))
+            assert got == pytest.approx(float(uniform), abs=1e-12)
+    # closed forms: PG = |E|/n, PTA = |E|/n
+    if name in ("pointing_game", "token_accuracy"):
+        assert RANK_METRICS[name](torch.zeros(10), [3, 7]) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("name", list(RANK_METRICS))
+def test_expected_ties_match_monte_carlo_of_random_scores(name):
+    # an independent check that "constant" = what the random method scores on average
+    rng = np.random.default_rng(2)
+    n, ev = 6, [1, 4]
+    draws = [RANK_METRICS[name](t(rng.uniform(size=n)), ev) for _ in range(3000)]
+    assert RANK_METRICS[name](torch.zeros(n), ev) == pytest.approx(np.mean(draws), abs=0.03)
+
+
+@pytest.mark.parametrize("name", list(RANK_METRICS))
+def test_tie_rules_bracket_the_expectation_and_agree_without_ties(name):
+    rng = np.random.default_rng(3)
+    fn = RANK_METRICS[name]
+    for _ in range(40):
+        n = int(rng.integers(2, 9))
+        s = t(rng.integers(0, 3, size=n).astype(np.float64))
+        ev = sorted(set(rng.choice(n, size=int(rng.integers(1, n)), replace=False).tolist()))
+        low, mid, high = (fn(s, ev, ties=r) for r in ("pessimistic", "expected", "optimistic"))
+        assert low - 1e-12 <= mid <= high + 1e-12
+        assert fn(s, ev, ties="first") == fn(s, ev, ties="ferrando")
+        distinct = t(rng.permutation(n).astype(np.float64))
+        values = {fn(distinct, ev, ties=r) for r in TIE_RULES}
+        assert max(values) - min(values) < 1e-12
+
+
+def test_optimistic_rewards_all_zero_scores_and_expected_does_not():
+    # Grad-ELLM-like row: all relevance on the start token, zero on every real word
+    s, valid = t([5.0, 0.0, 0.0, 0.0, 0.0]), torch.tensor([False, True, True, True, True])
+    assert mrr(s, [2], valid, ties="optimistic") == 1.0
+    assert pointing_game(s, [1], valid, ties="first") == 1.0
+    assert mrr(s, [2], valid) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+    assert pointing_game(s, [1], valid) == pytest.approx(0.25)
+    assert is_degenerate(s, valid) and not is_degenerate(s)
+    assert not is_degenerate(t([0.0])) and not is_degenerate(s, torch.arange(5) == 0)
+
+
+def test_boolean_evidence_mask_equals_positions():
+    s = t([0.2, 0.9, 0.5, 0.1])
+    for name, fn in PLAUSIBILITY_METRICS.items():
+        by_pos = fn(s, [2, 3], None)
+        assert fn(s, torch.tensor([False, False, True, True]), None) == by_pos, name
+        assert fn(s, [False, False, True, True], None) == by_pos, name
+        assert fn(s, np.array([False, False, True, True]), None) == by_pos, name
+    # a mask is not read as the positions {0, 1}
+    assert pointing_game(s, [True, False, False, False]) == 0.0
+    with pytest.raises(ValueError, match="mask has 2 entries"):
+        pointing_game(s, [True, False])
+    with pytest.raises(TypeError):
+        pointing_game(s, [True, 2])
+
+
+def test_degenerate_flags_constant_rows_over_valid_tokens():
+    ids = torch.tensor([[0, 1, 7, 8], [1, 5, 6, 7]])
+    mask = torch.tensor([[False, True, True, True], [True] * 4])
+    scores = t([[9.0, 4.0, 0.0, 0.0], [1.0, 0.3, 0.2, 0.1]])
+    attr = _attr(scores, mask, ids, torch.stack([scores, torch.zeros_like(scores)], dim=1))
+    assert degenerate(attr).tolist() == [False, False]
+    assert degenerate(attr, special_ids=[1]).tolist() == [True, False]
+    assert degenerate(attr, special_ids=[1], per_layer=True).tolist() == [
+        [True, True],
+        [False, True],
+    ]
+
+
+def test_attribution_wrapper_accepts_boolean_masks():
+    ids = torch.tensor([[0, 1, 7, 8, 9], [1, 5, 6, 7, 8]])
+    mask = torch.tensor([[False, True, True, True, True], [True] * 5])
+    scores = t([[0.0, 0.1, 0.9, 0.3, 0.2], [0.3, 0.1, 0.2, 0.9, 0.5]])
+    attr = _attr(scores, mask, ids)
+    positions = [[2], [4, 1]]
+    masks = [torch.tensor([False, False, True, False]), torch.tensor([0, 1, 0, 0, 1]) > 0]
+    by_pos = plausibility(attr, positions)
+    by_mask = plausibility(attr, masks)
+    for name in PLAUSIBILITY_METRICS:
+        assert torch.equal(by_pos[name], by_mask[name]), name
+    assert by_mask["pointing_game"].tolist() == [0.0, 0.0]

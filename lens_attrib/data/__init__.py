@@ -1,4 +1,5 @@
-"""Tasks: seeded template generators with evidence by construction, and real-data loaders.
+"""Tasks: seeded template generators with evidence by construction, real-data loaders (BLiMP
+from any folder), and the user's own JSONL/CSV items (:mod:`lens_attrib.data.user`).
 
 >>> from lens_attrib.data import generate_sva, evidence_token_positions
 >>> item = generate_sva(1, seed=0, n_attractors=1)[0]
@@ -8,12 +9,16 @@
 
 from collections.abc import Callable
 
+from lens_attrib.data.blimp import blimp_dir, number_counterpart
 from lens_attrib.data.blimp_evidence import BLIMP_EVIDENCE_RULES, blimp_evidence
 from lens_attrib.data.items import (
     Dataset,
     TaskItem,
     as_prompts,
+    evidence_spans,
     evidence_token_positions,
+    span_token_positions,
+    start_token_length,
     word_spans,
     word_token_positions,
 )
@@ -31,6 +36,7 @@ from lens_attrib.data.loaders import (
 )
 from lens_attrib.data.paths import DATA_ENV_VAR, data_root
 from lens_attrib.data.templates import generate_anaphora, generate_dna, generate_sva
+from lens_attrib.data.user import load_items, parse_item
 
 GENERATORS: dict[str, Callable[..., list[TaskItem]]] = {
     "sva": generate_sva,
@@ -48,9 +54,11 @@ __all__ = [
     "Dataset",
     "TaskItem",
     "as_prompts",
+    "blimp_dir",
     "blimp_evidence",
     "blimp_paradigms",
     "data_root",
+    "evidence_spans",
     "evidence_token_positions",
     "generate_anaphora",
     "generate_dna",
@@ -58,10 +66,15 @@ __all__ = [
     "load_blimp",
     "load_boolq",
     "load_imdb",
+    "load_items",
     "load_linzen_sva",
     "load_squad_v2",
     "load_sst2",
     "load_stsb",
+    "number_counterpart",
+    "parse_item",
+    "span_token_positions",
+    "start_token_length",
     "word_spans",
     "word_token_positions",
 ]

@@ -16,7 +16,10 @@ __all__ = [
     "Dataset",
     "TaskItem",
     "as_prompts",
+    "evidence_spans",
     "evidence_token_positions",
+    "span_token_positions",
+    "start_token_length",
     "word_spans",
     "word_token_positions",
 ]
@@ -79,16 +82,65 @@ def word_spans(text: str) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in _WORD.finditer(text)]
 
 
+def _special_ids(tokenizer: Any) -> set[int]:
+    return {int(i) for i in (getattr(tokenizer, "all_special_ids", None) or [])}
+
+
+def span_token_positions(
+    text: str, spans: Sequence[tuple[int, int]], tokenizer: Any, offset: int = 0
+) -> list[int]:
+    """Token positions, in the tokenization of ``text``, overlapping the character ``spans``.
+
+    ``text`` is tokenized with ``add_special_tokens=False`` and ``return_offsets_mapping=True``
+    (so ``tokenizer`` must be a Hugging Face *fast* tokenizer). A span maps to *every* token whose
+    character span overlaps it, except special tokens written literally into the text: a start
+    token such as ``"<|endoftext|>"`` in ``"<|endoftext|>The women"`` is never part of the word
+    it is glued to (an unknown-word token such as ``[UNK]`` still stands for its word).
+    ``offset`` is added to each position.
+
+    Raises:
+        TypeError: the tokenizer cannot return offsets.
+        IndexError: a span lies outside ``text`` or is empty.
+        ValueError: a span overlaps no (non-special) token.
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise TypeError(
+            "evidence positions need a fast tokenizer (return_offsets_mapping=True); got "
+            f"{type(tokenizer).__name__}"
+        )
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    special = _special_ids(tokenizer)
+    written = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    # a special token written into the text ("<|endoftext|>"); not an [UNK] standing for a word
+    token_spans = [
+        (int(s), int(e), int(i) in special and text[int(s) : int(e)] in written)
+        for (s, e), i in zip(encoding["offset_mapping"], encoding["input_ids"])
+    ]
+    positions: set[int] = set()
+    for start, end in spans:
+        if not 0 <= start < end <= len(text):
+            raise IndexError(f"character span ({start}, {end}) outside the text {text!r}")
+        hits = [
+            i
+            for i, (s, e, literal) in enumerate(token_spans)
+            if s < end and e > start and not literal
+        ]
+        if not hits:
+            raise ValueError(f"span {text[start:end]!r} of {text!r} overlaps no token")
+        positions.update(hits)
+    return sorted(p + offset for p in positions)
+
+
 def word_token_positions(
     text: str, word_indices: Sequence[int], tokenizer: Any, offset: int = 0
 ) -> list[int]:
     """Token positions, in the tokenization of ``text``, of the words at ``word_indices``.
 
-    ``text`` is tokenized with ``add_special_tokens=False`` and ``return_offsets_mapping=True``
-    (so ``tokenizer`` must be a Hugging Face *fast* tokenizer). A word maps to *every* token whose
-    character span overlaps the word's span; a token that only holds the whitespace before a word
-    does not overlap it. ``offset`` is added to each position: 1 when the model sees a BOS or
-    [CLS] token in front of the text. Positions refer to the unpadded sequence.
+    Words are ``text.split()``; each maps to the tokens overlapping its character span (see
+    :func:`span_token_positions`: special tokens never count; a token that only holds the
+    whitespace before a word does not overlap it). ``offset`` is added to each position: 1 when
+    the model sees a BOS or [CLS] token in front of the text. Positions refer to the unpadded
+    sequence.
 
     Returns:
         Sorted, de-duplicated positions.
@@ -98,43 +150,82 @@ def word_token_positions(
         TypeError: the tokenizer cannot return offsets.
         ValueError: a word overlaps no token (e.g. a tokenizer that drops characters).
     """
-    if not getattr(tokenizer, "is_fast", False):
-        raise TypeError(
-            "evidence positions need a fast tokenizer (return_offsets_mapping=True); got "
-            f"{type(tokenizer).__name__}"
-        )
     spans = word_spans(text)
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    token_spans = [(int(s), int(e)) for s, e in encoding["offset_mapping"]]
-    positions: set[int] = set()
     for index in word_indices:
         if not 0 <= index < len(spans):
             raise IndexError(f"word index {index} outside the {len(spans)} words of {text!r}")
-        start, end = spans[index]
-        hits = [i for i, (s, e) in enumerate(token_spans) if s < end and e > start]
-        if not hits:
-            raise ValueError(f"word {text[start:end]!r} of {text!r} overlaps no token")
-        positions.update(hits)
-    return sorted(p + offset for p in positions)
+    return span_token_positions(text, [spans[i] for i in word_indices], tokenizer, offset)
+
+
+def evidence_spans(item: TaskItem) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of ``item``'s evidence in ``item.prompt``.
+
+    ``item.meta["evidence_spans"]`` when the item carries character spans (user data), else the
+    spans of its ``evidence_words``.
+    """
+    given = item.meta.get("evidence_spans")
+    if given is not None:
+        return [(int(s), int(e)) for s, e in given]
+    words = word_spans(item.prompt)
+    for index in item.evidence_words:
+        if not 0 <= index < len(words):
+            raise IndexError(
+                f"word index {index} outside the {len(words)} words of {item.prompt!r}"
+            )
+    return [words[i] for i in item.evidence_words]
+
+
+def start_token_length(tokenizer: Any, start_token: str) -> int:
+    """Number of tokens ``start_token`` (text put before every prompt) becomes.
+
+    Raises:
+        ValueError: ``start_token`` is not made of the tokenizer's special tokens, so it would be
+        split as ordinary text (and could merge with the first word).
+    """
+    ids = list(tokenizer(start_token, add_special_tokens=False)["input_ids"])
+    special = _special_ids(tokenizer)
+    if not ids or any(i not in special for i in ids):
+        raise ValueError(
+            f"start token {start_token!r} is not a special token of this tokenizer (it becomes "
+            f"{ids}); use one of {list(getattr(tokenizer, 'all_special_tokens', []) or [])} or "
+            "prepend_bos=True"
+        )
+    return len(ids)
 
 
 def evidence_token_positions(
-    item: TaskItem, tokenizer: Any, prepend_bos: bool = False, offset: int = 0
+    item: TaskItem,
+    tokenizer: Any,
+    prepend_bos: bool = False,
+    offset: int = 0,
+    start_token: str | None = None,
 ) -> list[int]:
-    """Token positions of ``item``'s evidence words in the tokenization of ``item.prompt``.
+    """Token positions of ``item``'s evidence in the model input built from ``item.prompt``.
 
     Args:
-        item: the item; its ``evidence_words`` index ``item.prompt.split()``.
+        item: the item; its evidence is ``meta["evidence_spans"]`` (character spans) when given,
+            else ``evidence_words`` (indices into ``item.prompt.split()``).
         tokenizer: a Hugging Face fast tokenizer (e.g. ``model.tokenizer``).
-        prepend_bos: the model input starts with a BOS token (TransformerLens' default for
-            decoders); adds 1 to every position.
+        prepend_bos: the model input starts with a BOS token the tokenizer does not see
+            (TransformerLens' default for decoders); adds 1 to every position.
         offset: any further shift, e.g. 1 for an encoder input that starts with [CLS].
-            The total shift is ``offset + int(prepend_bos)``.
+        start_token: special-token text the caller puts in front of the prompt
+            (``start_token + item.prompt``, e.g. ``"<|endoftext|>"`` for a model that has no
+            BOS); the positions are those in that joined text, and the start token itself never
+            counts as evidence. It must be a special token (checked).
+
+    The total shift is ``offset + int(prepend_bos)`` plus, with ``start_token``, its tokens.
 
     Returns:
-        Sorted token positions (all tokens overlapping each evidence word); empty when the item
+        Sorted token positions (all tokens overlapping each evidence span); empty when the item
         has no evidence.
     """
-    return word_token_positions(
-        item.prompt, item.evidence_words, tokenizer, offset=offset + int(prepend_bos)
-    )
+    spans = evidence_spans(item)
+    shift = offset + int(prepend_bos)
+    if start_token:
+        start_token_length(tokenizer, start_token)
+        n = len(start_token)
+        return span_token_positions(
+            start_token + item.prompt, [(s + n, e + n) for s, e in spans], tokenizer, shift
+        )
+    return span_token_positions(item.prompt, spans, tokenizer, shift)

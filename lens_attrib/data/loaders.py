@@ -11,11 +11,10 @@ import csv
 import json
 import random
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lens_attrib.data.blimp_evidence import blimp_evidence
+from lens_attrib.data.blimp import blimp_paradigms, load_blimp
 from lens_attrib.data.items import TaskItem, word_spans
 from lens_attrib.data.paths import data_root
 
@@ -40,9 +39,6 @@ SQUAD_PROMPT = "Context: {context}\nQuestion: {question}\nAnswer:"
 BOOLQ_PROMPT = "{passage}\nQuestion: {question}?\nAnswer:"
 """Prompt format of :func:`load_boolq`."""
 
-_BLIMP_ALIASES = {
-    "determiner_noun_agreement_with_adj_1": "determiner_noun_agreement_with_adjective_1",
-}
 _SST2_FILES = {
     "train": ("glue/train.tsv", True),
     "validation": ("glue/dev.tsv", True),
@@ -68,91 +64,6 @@ def _folder(*parts: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"expected {path} under the data folder {data_root()}")
     return path
-
-
-# ------------------------------------------------------------------------------------- BLiMP
-def _blimp_dir() -> Path:
-    return _folder("blimp", "data")
-
-
-@lru_cache(maxsize=4)
-def _blimp_index(directory: Path) -> dict[str, bool]:
-    """Paradigm -> whether it has a one-prefix split (read from each file's first line)."""
-    index: dict[str, bool] = {}
-    for path in sorted(directory.glob("*.jsonl")):
-        with path.open(encoding="utf-8") as handle:
-            first = json.loads(handle.readline())
-        index[path.stem] = bool(first.get("one_prefix_method", False))
-    return index
-
-
-def blimp_paradigms(one_prefix_only: bool = False) -> list[str]:
-    """Names of the BLiMP paradigms present (only those with a one-prefix split if asked)."""
-    index = _blimp_index(_blimp_dir())
-    return [name for name, ok in index.items() if ok or not one_prefix_only]
-
-
-def load_blimp(paradigm: str, n: int | None = None, seed: int | None = None) -> list[TaskItem]:
-    """One BLiMP paradigm as next-word items, using its one-prefix split.
-
-    ``prompt`` is ``one_prefix_prefix`` (the words shared by the good and bad sentence),
-    ``target = " " + one_prefix_word_good`` and ``foil = " " + one_prefix_word_bad`` (a few
-    paradigms have two-word targets such as ``" movie theater"``), so ``prompt + target`` is a
-    prefix of ``sentence_good``. Evidence comes from the rules in
-    :mod:`lens_attrib.data.blimp_evidence` for the agreement paradigms and is empty otherwise;
-    ``meta["evidence_rule"]`` names the rule used. ``meta`` also holds ``uid``, ``pair_id``,
-    ``field``, ``linguistics_term``, ``sentence_good`` and ``sentence_bad``.
-
-    Args:
-        paradigm: the UID / file name, e.g. ``"regular_plural_subject_verb_agreement_1"``
-            (``"determiner_noun_agreement_with_adj_1"`` is accepted for the file
-            ``determiner_noun_agreement_with_adjective_1``).
-        n: keep the first ``n`` pairs (each file holds 1,000).
-        seed: sample ``n`` pairs with this seed instead.
-
-    Raises:
-        FileNotFoundError: no such paradigm file.
-        ValueError: the paradigm has no one-prefix split; the message lists those that do.
-    """
-    name = _BLIMP_ALIASES.get(paradigm, paradigm)
-    index = _blimp_index(_blimp_dir())
-    if name not in index:
-        raise FileNotFoundError(
-            f"no BLiMP paradigm {paradigm!r} in {_blimp_dir()}; available: {sorted(index)}"
-        )
-    if not index[name]:
-        valid = [p for p, ok in index.items() if ok]
-        raise ValueError(
-            f"BLiMP paradigm {paradigm!r} has no one-prefix split (one_prefix_method is false); "
-            f"paradigms that have one: {valid}"
-        )
-    items: list[TaskItem] = []
-    with (_blimp_dir() / f"{name}.jsonl").open(encoding="utf-8") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            prefix = row["one_prefix_prefix"]
-            evidence, rule = blimp_evidence(name, prefix)
-            items.append(
-                TaskItem(
-                    prompt=prefix,
-                    target=" " + row["one_prefix_word_good"],
-                    foil=" " + row["one_prefix_word_bad"],
-                    evidence_words=evidence,
-                    task="blimp",
-                    meta={
-                        "uid": row["UID"],
-                        "pair_id": row["pairID"],
-                        "field": row["field"],
-                        "linguistics_term": row["linguistics_term"],
-                        "sentence_good": row["sentence_good"],
-                        "sentence_bad": row["sentence_bad"],
-                        "evidence_rule": rule,
-                    },
-                )
-            )
-    return _take(items, n, seed)
 
 
 # ------------------------------------------------------------------------------- Linzen SVA

@@ -16,6 +16,24 @@ every head ``h`` (GQA: ``g(h)`` is the key/value head that query head reads):
 The maps of the selected layers (the last ``n_layers``, default 1, or ``layers=[...]``) are summed
 and normalized to sum 1 over the real tokens (all zero when the sum is zero). ``layer_scores``
 holds the raw per-layer maps ``[batch, n_selected, pos]`` (layer indices in ``meta["layers"]``).
+Against the paper (π-Soft / Grad-ELLM, Sec. 3.3 and Appendix B): the map is Eq. (11),
+``H_i^(k) = ReLU(Σ_c w_c^(k) λ_i^(k) v_ic^(k))`` with ``w_c^(k) = ∂l_t/∂o_t^(k)[c]`` (Eq. 10),
+``o_t^(k)`` the attention output before the output projection, whose channels ``c`` run over
+all heads — so the ReLU sits *per layer*, on the sum over every head's channels, before the
+layers are aggregated ("We aggregate H_i^(k) over the selected decoder layers and normalize the
+resulting token scores"). The selected layers are the last ones: the derivation starts from the
+last layer ("using the last layer value v as the feature map", as Grad-ECLIP does), and the
+paper picks the number of aggregated layers per dataset and model from {1, 4, 8, 16, 32}
+(Appendix, layer aggregation analysis) rather than fixing one; the default here is that base
+case, ``n_layers=1``. Consequence, which is the method and not a departure: when every real
+token's contribution at a layer is negative (all the positive part sits on the start token, the
+attention sink), the ReLU zeroes them all, and with one layer the normalized map is all zero on
+real tokens — on SmolLM2 (contrastive targets, start token excluded) 7–10 of 30 items of BLiMP
+regular plural subject–verb agreement 1, determiner–noun agreement 2 and the template SVA task
+with ``n_layers=1``, none of them with ``n_layers=8``. Rank metrics with
+``ties="expected"`` score such items as random (:mod:`lens_attrib.evaluation.plausibility`);
+aggregate more layers (``n_layers=8``) for fewer of them.
+
 q, k, v come from one forward (hooks), the gradient from one backward pass to the earliest
 selected ``hook_z`` (``torch.autograd.grad``); no second forward. With ``Target(generate=N)``
 every generated step is a row of the batch (``scores`` ``[steps, pos]``) and
