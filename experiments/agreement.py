@@ -54,13 +54,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import (
     base_parser,
-    finite_mean,
     format_table,
     parse_list,
     pct,
@@ -68,6 +66,7 @@ from experiments.common import (
     write_outputs,
 )
 from lens_attrib import METHODS, Target, attribute
+from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import (
     TaskItem,
     evidence_token_positions,
@@ -79,6 +78,7 @@ from lens_attrib.data import (
     load_squad_v2,
 )
 from lens_attrib.evaluation.plausibility import degenerate, plausibility
+from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.inputs import to_batch
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
@@ -112,7 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--blimp-root", default=None, help="folder of BLiMP <UID>.jsonl files")
     parser.add_argument("--ci", action="store_true", help="show bootstrap 95%% CIs in the table")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per cell")
-    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    add_methods_argument(parser, DEFAULT_METHODS)
     parser.add_argument(
         "--n-qa",
         type=int,
@@ -372,51 +372,15 @@ def score_task(
     return records
 
 
-def bootstrap_ci(
-    values: Sequence[float], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean over items: resample the items with replacement
-    ``n_boot`` times (``numpy.random.default_rng(seed)``) and take the ``(1 ± level)/2``
-    quantiles of the resampled means. NaN values are dropped first; ``(nan, nan)`` when none
-    remain."""
-    finite = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
-    if finite.size == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = finite[rng.integers(0, finite.size, size=(n_boot, finite.size))].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return float(low), float(high)
-
-
 def summarize(
     records: Sequence[dict[str, Any]], *, n_boot: int = 1000, seed: int = 0
 ) -> list[dict[str, Any]]:
     """Mean, bootstrap 95% CI and degenerate-item count per task × method × mode × specials ×
-    metric (NaN-ignoring; ``degenerate`` counts the scored items whose scores are constant)."""
-    groups: dict[tuple[Any, ...], list[tuple[float, bool]]] = {}
-    for r in records:
-        key = (r["task"], r["method"], r["mode"], r["specials"], r["metric"])
-        groups.setdefault(key, []).append((r["value"], bool(r.get("degenerate", False))))
-    rows = []
-    for (task, method, mode, specials, metric), pairs in groups.items():
-        finite = [v for v, _ in pairs if not math.isnan(v)]
-        low, high = bootstrap_ci(finite, n_boot=n_boot, seed=seed)
-        rows.append(
-            {
-                "task": task,
-                "method": method,
-                "mode": mode,
-                "specials": specials,
-                "metric": metric,
-                "mean": finite_mean(finite),
-                "ci_low": low,
-                "ci_high": high,
-                "n": len(finite),
-                "degenerate": sum(1 for v, d in pairs if d and not math.isnan(v)),
-            }
-        )
-    return rows
+    metric (:func:`lens_attrib.evaluation.records.summarize`; ``degenerate`` counts the scored
+    items whose scores are constant)."""
+    return summarize_records(
+        records, ("task", "method", "mode", "specials", "metric"), n_resamples=n_boot, seed=seed
+    )
 
 
 def _cell(row: dict[str, Any] | None, ci: bool) -> str:

@@ -31,7 +31,6 @@ import torch
 
 from experiments.common import (
     base_parser,
-    finite_mean,
     format_table,
     parse_list,
     setup,
@@ -40,6 +39,7 @@ from experiments.common import (
 from lens_attrib import Attribution, Target, attribute
 from lens_attrib.data import evidence_token_positions, load_blimp
 from lens_attrib.evaluation.plausibility import plausibility
+from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
 PARADIGMS = {
@@ -179,22 +179,8 @@ def score(
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple[Any, ...], list[float]] = {}
-    for r in records:
-        groups.setdefault((r["paradigm"], r["method"], r["layer"], r["metric"]), []).append(
-            r["value"]
-        )
-    return [
-        {
-            "paradigm": p,
-            "method": m,
-            "layer": layer,
-            "metric": metric,
-            "mean": finite_mean(v),
-            "n": len(v),
-        }
-        for (p, m, layer, metric), v in groups.items()
-    ]
+    """Mean and bootstrap 95% CI per paradigm × method × layer × metric."""
+    return summarize_records(records, ("paradigm", "method", "layer", "metric"))
 
 
 def paradigm_table(

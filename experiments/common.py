@@ -51,8 +51,10 @@ def base_parser(description: str, *, n: int, out: str) -> argparse.ArgumentParse
     return parser
 
 
-def parse_list(text: str) -> list[str]:
-    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty entries dropped)."""
+def parse_list(text: str | Sequence[str]) -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]`` (empty entries dropped); a list passes through."""
+    if not isinstance(text, str):
+        return list(text)
     return [part.strip() for part in text.split(",") if part.strip()]
 
 

@@ -41,15 +41,16 @@ from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import (
     base_parser,
-    finite_mean,
     format_table,
     parse_list,
     setup,
     write_outputs,
 )
 from lens_attrib import Target, attribute
+from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import aopc, soft_metrics
+from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.inputs import to_batch
 
 DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"
@@ -74,7 +75,7 @@ COLUMNS = {
 def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser = base_parser(__doc__.split("\n")[0], n=2, out="results/faithfulness")
     parser.add_argument("--datasets", default="sst2,imdb,boolq")
-    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    add_methods_argument(parser, DEFAULT_METHODS)
     parser.add_argument(
         "--max-tokens",
         type=int,
@@ -282,13 +283,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str, str], list[float]] = {}
-    for r in records:
-        groups.setdefault((r["dataset"], r["method"], r["metric"]), []).append(r["value"])
-    return [
-        {"dataset": d, "method": m, "metric": metric, "mean": finite_mean(v), "n": len(v)}
-        for (d, m, metric), v in groups.items()
-    ]
+    """Mean and bootstrap 95% CI per dataset × method × metric."""
+    return summarize_records(records, ("dataset", "method", "metric"))
 
 
 def render(

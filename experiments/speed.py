@@ -29,6 +29,7 @@ from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import base_parser, format_table, parse_list, setup, write_outputs
 from lens_attrib import Target, attribute
+from lens_attrib.cli import add_methods_argument
 
 DEFAULT_METHODS = (
     "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,attention,normxlogit,"
@@ -38,7 +39,7 @@ DEFAULT_METHODS = (
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser = base_parser(__doc__.split("\n")[0], n=1, out="results/speed")
-    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    add_methods_argument(parser, DEFAULT_METHODS)
     parser.add_argument(
         "--lengths", default="40,120,360", help="the papers also use 512: --lengths 40,120,360,512"
     )

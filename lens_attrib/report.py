@@ -256,25 +256,11 @@ def ci_rows(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per distinct ``keys`` of ``records``: the keys, ``n``, ``mean``, ``ci_low``,
-    ``ci_high`` (percentile bootstrap over the records of the group, i.e. over items)."""
-    from lens_attrib.evaluation.stats import bootstrap_ci
+    ``ci_high`` (:func:`lens_attrib.evaluation.records.summarize`: percentile bootstrap over the
+    records of the group, i.e. over items)."""
+    from lens_attrib.evaluation.records import summarize
 
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    for record in records:
-        groups.setdefault(tuple(record.get(k) for k in keys), []).append(record.get(value))
-    rows = []
-    for group, values in groups.items():
-        stat = bootstrap_ci(values, level=level, n_resamples=n_resamples, seed=seed)
-        rows.append(
-            {
-                **dict(zip(keys, group)),
-                "n": stat.n,
-                "mean": stat.mean,
-                "ci_low": stat.low,
-                "ci_high": stat.high,
-            }
-        )
-    return rows
+    return summarize(records, keys, value=value, level=level, n_resamples=n_resamples, seed=seed)
 
 
 def _ci_cell(row: Mapping[str, Any] | None, digits: int) -> str:

@@ -13,32 +13,15 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from lens_attrib.evaluation.stats import bootstrap_ci
 
 KEY = ("item", "method", "metric", "layer")
 """The fields that identify a record."""
-
-
-def bootstrap_ci(
-    values: Sequence[float], *, level: float = 0.95, n_resamples: int = 1000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (items resampled with replacement, seeded).
-
-    NaN bounds for fewer than two values.
-    """
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if x.size < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return float(low), float(high)
 
 
 @dataclass
@@ -65,34 +48,52 @@ GROUP = ("method", "metric", "layer")
 """The default grouping of :func:`summarize`."""
 
 
-def summarize(records: Sequence[dict[str, Any]], by: Sequence[str] = GROUP) -> list[dict[str, Any]]:
-    """Mean (NaN-ignoring), std, count and 95% bootstrap interval per group of ``by`` fields.
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    by: Sequence[str] = GROUP,
+    *,
+    value: str = "value",
+    level: float = 0.95,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Mean, std, count and bootstrap interval of ``value`` per group of ``by`` fields.
 
     Default groups: method × metric × layer (experiments add fields such as ``task``).
-    ``ci_low``/``ci_high``: :func:`bootstrap_ci` of the finite values; ``n_total`` counts the
-    NaN values too (items a metric does not apply to).
+    ``ci_low``/``ci_high``: the seeded percentile bootstrap of the mean over the group's records
+    (:func:`lens_attrib.evaluation.stats.bootstrap_ci`, i.e. over items); NaN values are left
+    out of everything but ``n_total``. When records carry a ``degenerate`` flag (scores constant
+    over the valid tokens), ``degenerate`` counts the flagged records with a finite value.
     """
-    groups: dict[tuple[Any, ...], list[float]] = {}
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in records:
-        groups.setdefault(tuple(r.get(k) for k in by), []).append(r["value"])
+        groups.setdefault(tuple(r.get(k) for k in by), []).append(r)
+    flagged = any("degenerate" in r for r in records)
     rows = []
-    for key, values in groups.items():
-        finite = [v for v in values if v is not None and not math.isnan(v)]
+    for key, group in groups.items():
+        values = [r.get(value) for r in group]
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
         n = len(finite)
-        mean = sum(finite) / n if n else float("nan")
-        var = sum((v - mean) ** 2 for v in finite) / (n - 1) if n > 1 else float("nan")
-        low, high = bootstrap_ci(finite)
-        rows.append(
-            {
-                **dict(zip(by, key)),
-                "mean": mean,
-                "std": math.sqrt(var) if n > 1 else float("nan"),
-                "n": n,
-                "n_total": len(values),
-                "ci_low": low,
-                "ci_high": high,
-            }
-        )
+        stat = bootstrap_ci(finite, level=level, n_resamples=n_resamples, seed=seed)
+        var = sum((v - stat.mean) ** 2 for v in finite) / (n - 1) if n > 1 else float("nan")
+        row = {
+            **dict(zip(by, key)),
+            "mean": stat.mean,
+            "std": math.sqrt(var) if n > 1 else float("nan"),
+            "n": n,
+            "n_total": len(values),
+            "ci_low": stat.low,
+            "ci_high": stat.high,
+        }
+        if flagged:
+            row["degenerate"] = sum(
+                1
+                for r in group
+                if r.get("degenerate")
+                and r.get(value) is not None
+                and math.isfinite(float(r[value]))
+            )
+        rows.append(row)
     rows.sort(key=lambda r: tuple(_order(r[k]) for k in by))
     return rows
 
@@ -184,7 +185,6 @@ __all__ = [
     "GROUP",
     "KEY",
     "EvalResult",
-    "bootstrap_ci",
     "load",
     "merge_records",
     "save",

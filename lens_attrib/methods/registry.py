@@ -284,14 +284,15 @@ def package(
     """An Attribution of ``out``: detached, on the CPU, zero at padding and, for causal models,
     at every position after the explained one (it cannot influence the explained scalar)."""
     mask = batch.mask.to(out.scores.device)
-    scores = out.scores.detach().masked_fill(~mask, 0.0)
+    masked: Tensor | None = out.scores.detach().masked_fill(~mask, 0.0)
     layer_scores, head_token_scores = out.layer_scores, out.head_token_scores
     if batch.arch.causal:
         positions = out.resolved.positions
-        scores = zero_after_target(scores, positions, 1)
+        masked = zero_after_target(masked, positions, 1)
         layer_scores = zero_after_target(layer_scores, positions, 2)
         head_token_scores = zero_after_target(head_token_scores, positions, 3)
-    assert scores is not None
+    assert masked is not None
+    scores: Tensor = masked
     used = {**options, **out.options}
     meta: dict[str, Any] = {
         "dtype": str(scores.dtype),
