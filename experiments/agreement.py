@@ -413,13 +413,25 @@ def task_table(
     ]
     rows = []
     for m in methods:
-        cells = [METHODS[m].label if m in METHODS else m]
-        for mode in modes:
+        target_free = m in METHODS and METHODS[m].target_free
+        label = METHODS[m].label if m in METHODS else m
+        cells = [f"{label} (target-free)" if target_free else label]
+        for i, mode in enumerate(modes):
+            if target_free and i > 0:  # its scores ignore the target: shown once
+                cells += ["·"] * (len(METRICS) + 1)
+                continue
             cells += [_cell(index.get((m, mode, METRICS[s])), ci) for s in METRICS]
             first = index.get((m, mode, METRICS["PG"]))
-            cells.append(f"{first['degenerate']}/{first['n']}" if first else "–")
+            deg = first.get("degenerate", 0) if first else 0
+            cells.append(f"{deg}/{first['n']}" if first else "–")
         rows.append(cells)
-    return format_table(rows, header, fmt=str)
+    footnote = (
+        "\n(target-free) methods ignore the target and foil (MethodSpec.target_free): their "
+        "scores are the same for every mode, shown once."
+        if any(m in METHODS and METHODS[m].target_free for m in methods)
+        else ""
+    )
+    return format_table(rows, header, fmt=str) + footnote
 
 
 def figures(records: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
