@@ -23,12 +23,12 @@ import warnings
 from pathlib import Path
 
 import torch
-from lens_attrib.hooks.guard import model_guard
 
 from lens_attrib import attribute, load_model
 from lens_attrib.data import generate_sva
 from lens_attrib.evaluation.soft import DEFAULT_PIS, soft_metrics
 from lens_attrib.forward import head_outputs
+from lens_attrib.hooks.guard import model_guard
 
 
 def _time(fn, repeats: int) -> float:
@@ -63,8 +63,11 @@ def main() -> None:
     def plain_logits() -> None:
         with model_guard(model), torch.inference_mode():
             for s in range(0, n_rows, args.max_batch):
-                kw = {} if bool(mask.all()) else {
-                    "attention_mask": mask[s : s + args.max_batch].long()}
+                kw = (
+                    {}
+                    if bool(mask.all())
+                    else {"attention_mask": mask[s : s + args.max_batch].long()}
+                )
                 model(tokens[s : s + args.max_batch], **kw)
 
     def plain_target_row() -> None:
@@ -73,8 +76,14 @@ def main() -> None:
     def soft(routing: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            soft_metrics(model, attr, raw=False, n_draws=args.n_draws, routing=routing,
-                         max_batch=args.max_batch)
+            soft_metrics(
+                model,
+                attr,
+                raw=False,
+                n_draws=args.n_draws,
+                routing=routing,
+                max_batch=args.max_batch,
+            )
 
     plain_logits()  # warm-up
     timings = {
@@ -86,29 +95,46 @@ def main() -> None:
     throughput = {k: n_rows / v for k, v in timings.items()}
     rows = []
     for name in ("pi-soft dynamic", "pi-soft fixed"):
-        rows.append({
-            "run": name,
-            "forwards_per_s": throughput[name],
-            "ratio_vs_plain_logits": throughput[name] / throughput["plain (logits)"],
-            "ratio_vs_plain_target_row": throughput[name] / throughput["plain (target row)"],
-        })
-    print(f"SmolLM2-135M, {len(items)} items × {rows_per_item} sequences "
-          f"(len {tokens.shape[1]}), max_batch={args.max_batch}, "
-          f"threads={torch.get_num_threads()}")
+        rows.append(
+            {
+                "run": name,
+                "forwards_per_s": throughput[name],
+                "ratio_vs_plain_logits": throughput[name] / throughput["plain (logits)"],
+                "ratio_vs_plain_target_row": throughput[name] / throughput["plain (target row)"],
+            }
+        )
+    print(
+        f"SmolLM2-135M, {len(items)} items × {rows_per_item} sequences "
+        f"(len {tokens.shape[1]}), max_batch={args.max_batch}, "
+        f"threads={torch.get_num_threads()}"
+    )
     print(f"{'run':<22}{'seq/s':>10}{'÷ plain logits':>16}{'÷ plain target row':>20}")
     for name in ("plain (logits)", "plain (target row)"):
         print(f"{name:<22}{throughput[name]:>10.1f}{'':>16}{'':>20}")
     for r in rows:
-        print(f"{r['run']:<22}{r['forwards_per_s']:>10.1f}{r['ratio_vs_plain_logits']:>16.3f}"
-              f"{r['ratio_vs_plain_target_row']:>20.3f}")
+        print(
+            f"{r['run']:<22}{r['forwards_per_s']:>10.1f}{r['ratio_vs_plain_logits']:>16.3f}"
+            f"{r['ratio_vs_plain_target_row']:>20.3f}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "model": "smollm2-135m", "items": len(items), "rows_per_item": rows_per_item,
-        "seq_len": int(tokens.shape[1]), "max_batch": args.max_batch,
-        "threads": torch.get_num_threads(), "seconds": timings, "throughput": throughput,
-        "ratios": rows, "goal": 0.8,
-    }, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "model": "smollm2-135m",
+                "items": len(items),
+                "rows_per_item": rows_per_item,
+                "seq_len": int(tokens.shape[1]),
+                "max_batch": args.max_batch,
+                "threads": torch.get_num_threads(),
+                "seconds": timings,
+                "throughput": throughput,
+                "ratios": rows,
+                "goal": 0.8,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

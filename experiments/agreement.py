@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import (
     base_parser,
@@ -79,6 +78,7 @@ from lens_attrib.data import (
 )
 from lens_attrib.evaluation.plausibility import degenerate, plausibility
 from lens_attrib.evaluation.records import summarize as summarize_records
+from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import to_batch
 from lens_attrib.scoring import contrastive_scores, single_token_items
 

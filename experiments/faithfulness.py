@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import (
     base_parser,
@@ -51,6 +50,7 @@ from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import aopc, soft_metrics
 from lens_attrib.evaluation.records import summarize as summarize_records
+from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import to_batch
 
 DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"

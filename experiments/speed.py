@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from lens_attrib.hooks.guard import model_guard
 
 from experiments.common import base_parser, format_table, parse_list, setup, write_outputs
 from lens_attrib import Target, attribute
 from lens_attrib.cli import add_methods_argument
+from lens_attrib.hooks.guard import model_guard
 
 DEFAULT_METHODS = (
     "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,attention,normxlogit,"

@@ -32,11 +32,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lens_attrib.hooks import HookFn
 from torch import Tensor
 
 from lens_attrib.backend import arch_of, hook_name
 from lens_attrib.errors import ModelError
+from lens_attrib.hooks import HookFn
 
 VARIANTS = ("lrp", "attnlrp")
 

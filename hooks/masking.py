@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
-from lens_attrib.hooks import HookFn
 from torch import Tensor
 
 from lens_attrib.backend import hook_name
+from lens_attrib.hooks import HookFn
 
 
 def head_mask_hooks(

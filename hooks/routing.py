@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 from jaxtyping import Float, Int
-from lens_attrib.hooks import HookFn
 from torch import Tensor
 
 from lens_attrib.backend import hook_name
+from lens_attrib.hooks import HookFn
 
 
 def pattern_hook_names(n_layers: int) -> list[str]:

@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from torch import nn
 
+from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from lens_attrib.methods import attribute
 from lens_attrib.methods.alti import alti, alti_logit, alti_mixing_matrices
 from lens_attrib.methods.alti_mixing import (

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_state_fingerprint
 
+from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.methods import attribute
 from lens_attrib.methods.attention import attention, rollout
 from lens_attrib.methods.perturbation import random, value_zeroing

@@ -7,11 +7,11 @@ import warnings
 
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_state_fingerprint
 
 from lens_attrib import attribute
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion, n_perturbed
+from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
 
 PROMPTS = ["the keys to the cabinet", "the dog near the cats is", "a man sees"]
@@ -115,12 +115,14 @@ def test_insertion_deletion_curves(gpt2):
         # deletion starts at the full input, insertion from BOS + the target token
         assert float(res.deletion[b, 0]) == pytest.approx(float(p[y]), abs=1e-10)
         assert float(res.insertion[b, 0]) == pytest.approx(
-            float(_probs_last(gpt2, [bos, ids[-1]])[y]), abs=1e-10)
+            float(_probs_last(gpt2, [bos, ids[-1]])[y]), abs=1e-10
+        )
         # deleting everything == inserting nothing; inserting everything == the full input
         assert float(res.deletion[b, -1]) == pytest.approx(float(res.insertion[b, 0]), abs=1e-12)
         assert float(res.insertion[b, -1]) == pytest.approx(float(p[y]), abs=1e-10)
         assert float(res.deletion_auc[b]) == pytest.approx(
-            float(torch.trapezoid(res.deletion[b], fr)), abs=1e-12)
+            float(torch.trapezoid(res.deletion[b], fr)), abs=1e-12
+        )
         assert not bool(res.deletion_flipped[b, 0]) and bool(res.insertion_flipped[b, -1])
         flips = torch.nonzero(res.deletion_flipped[b]).flatten()
         expect = float(fr[flips[0]]) if len(flips) else float("nan")
@@ -149,5 +151,6 @@ def test_encoder_replaces_with_mask():
 
     p = probs(ids)
     y = int(p.argmax())
-    assert float(res.comprehensiveness[0]) == pytest.approx(float(p[y] - probs(masked)[y]),
-                                                            abs=1e-10)
+    assert float(res.comprehensiveness[0]) == pytest.approx(
+        float(p[y] - probs(masked)[y]), abs=1e-10
+    )

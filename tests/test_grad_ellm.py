@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 
 from lens_attrib import Target
+from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import TargetError

@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_state_fingerprint
 
+from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.gradient import default_baseline, quadrature
 from lens_attrib.methods.registry import attribute

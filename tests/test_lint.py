@@ -1,4 +1,4 @@
-"""The code base stays ruff- and mypy-clean (the project's style contract)."""
+"""The code base stays ruff-, ruff-format- and mypy-clean (the project's style contract)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_is_clean():
     result = _run(str(BIN / "ruff"), "check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_clean():
+    result = _run(str(BIN / "ruff"), "format", "--check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 import torch
-from lens_attrib.hooks import lrp as lrp_hooks_module
-from lens_attrib.hooks.guard import model_state_fingerprint
 from reference_lrp import reference_relevance
 
+from lens_attrib.hooks import lrp as lrp_hooks_module
+from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import METHODS, attribute
 from lens_attrib.target import Target
@@ -133,7 +133,6 @@ def test_lrp_head_scores_sum_to_attention_output_relevance() -> None:
     model = zero_biases(tiny_gpt2(dtype=F64))
     from lens_attrib.hooks.guard import model_guard
     from lens_attrib.hooks.lrp import lrp_hooks
-
     from lens_attrib.methods.backprop import gradients_at
 
     a = attribute(model, PROMPTS, method="lrp", heads=True)

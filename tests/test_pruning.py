@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_state_fingerprint
-from lens_attrib.hooks.masking import head_mask_hooks, item_head_mask_hooks
 
 from lens_attrib.forward import grad_context
+from lens_attrib.hooks.guard import model_state_fingerprint
+from lens_attrib.hooks.masking import head_mask_hooks, item_head_mask_hooks
 from lens_attrib.methods.registry import METHODS, MethodOutput, Option, prepare, register
 from lens_attrib.pruning import (
     POOLINGS,

@@ -16,8 +16,14 @@ from lens_attrib.tiny_models import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore:π unreachable:RuntimeWarning")
 
-METRICS = ["pointing_game", "mrr", "comprehensiveness", "deletion_auc", "soft_ns",
-           "pi_soft_nc_fixed"]
+METRICS = [
+    "pointing_game",
+    "mrr",
+    "comprehensiveness",
+    "deletion_auc",
+    "soft_ns",
+    "pi_soft_nc_fixed",
+]
 OPTS = {"soft": {"n_draws": 2, "pis": (0.3, 0.6)}, "aopc": {"fractions": (0.2, 0.6)}}
 
 
@@ -35,8 +41,16 @@ def dataset():
 
 @pytest.fixture(scope="module")
 def full(model, dataset):
-    return evaluate(model, dataset, ["grad_x_input", "gradient"], METRICS, batch_size=2,
-                    contrastive=True, metric_options=OPTS, progress=False)
+    return evaluate(
+        model,
+        dataset,
+        ["grad_x_input", "gradient"],
+        METRICS,
+        batch_size=2,
+        contrastive=True,
+        metric_options=OPTS,
+        progress=False,
+    )
 
 
 def _value_map(records):
@@ -64,9 +78,13 @@ def test_records_are_tidy(full, dataset, model):
 
 def test_summary_is_the_mean_of_records(full):
     for row in full.summary:
-        vals = [r["value"] for r in full.records
-                if r["method"] == row["method"] and r["metric"] == row["metric"]
-                and not math.isnan(r["value"])]
+        vals = [
+            r["value"]
+            for r in full.records
+            if r["method"] == row["method"]
+            and r["metric"] == row["metric"]
+            and not math.isnan(r["value"])
+        ]
         assert row["n"] == len(vals)
         assert row["mean"] == pytest.approx(sum(vals) / len(vals))
     assert "grad_x_input" in full.table()
@@ -76,8 +94,18 @@ def test_shards_merge_to_the_full_run(model, dataset, full, tmp_path):
     paths = []
     for i in range(2):
         out = tmp_path / f"shard{i}.json"
-        evaluate(model, dataset, ["grad_x_input", "gradient"], METRICS, batch_size=2,
-                 contrastive=True, metric_options=OPTS, progress=False, shard=(i, 2), out=out)
+        evaluate(
+            model,
+            dataset,
+            ["grad_x_input", "gradient"],
+            METRICS,
+            batch_size=2,
+            contrastive=True,
+            metric_options=OPTS,
+            progress=False,
+            shard=(i, 2),
+            out=out,
+        )
         paths.append(out)
     merged = merge_records(paths[::-1])
     a, b = _value_map(merged.records), _value_map(full.records)
@@ -85,10 +113,14 @@ def test_shards_merge_to_the_full_run(model, dataset, full, tmp_path):
     for k in a:
         assert (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == pytest.approx(b[k], abs=1e-9), k
     assert [(r["method"], r["metric"]) for r in merged.summary] == [
-        (r["method"], r["metric"]) for r in full.summary]
+        (r["method"], r["metric"]) for r in full.summary
+    ]
     with pytest.raises(ValueError, match="more than one shard"):
-        merge_records([paths[0], paths[0].with_name("copy.json")]
-                      if paths[0].with_name("copy.json").write_text(paths[0].read_text()) else [])
+        merge_records(
+            [paths[0], paths[0].with_name("copy.json")]
+            if paths[0].with_name("copy.json").write_text(paths[0].read_text())
+            else []
+        )
 
 
 def test_json_and_csv_round_trip(full, tmp_path):
@@ -101,21 +133,34 @@ def test_json_and_csv_round_trip(full, tmp_path):
         back = merge_records([tmp_path / p])
         a, b = _value_map(back.records), _value_map(full.records)
         assert a.keys() == b.keys()
-        assert all((math.isnan(a[k]) and math.isnan(b[k])) or a[k] == pytest.approx(b[k])
-                   for k in a)
+        assert all(
+            (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == pytest.approx(b[k]) for k in a
+        )
 
 
 def test_only_correct_skips_wrong_items(model, dataset, full):
-    res = evaluate(model, dataset, ["gradient"], ["mrr"], batch_size=5, contrastive=True,
-                   only_correct=True, progress=False)
+    res = evaluate(
+        model,
+        dataset,
+        ["gradient"],
+        ["mrr"],
+        batch_size=5,
+        contrastive=True,
+        only_correct=True,
+        progress=False,
+    )
     correct = {r["item"] for r in full.records if r["metric"] == "model_correct" and r["value"]}
     assert {r["item"] for r in res.records if r["metric"] == "mrr"} == correct
 
 
 def test_summarize_ignores_nan():
-    rows = summarize([{"method": "m", "metric": "x", "value": 1.0},
-                      {"method": "m", "metric": "x", "value": float("nan")},
-                      {"method": "m", "metric": "x", "value": 3.0}])
+    rows = summarize(
+        [
+            {"method": "m", "metric": "x", "value": 1.0},
+            {"method": "m", "metric": "x", "value": float("nan")},
+            {"method": "m", "metric": "x", "value": 3.0},
+        ]
+    )
     assert rows[0]["mean"] == 2.0 and rows[0]["n"] == 2 and rows[0]["n_total"] == 3
 
 
@@ -124,9 +169,25 @@ def test_cli(model, monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(models, "load_model", lambda name: model)
     out = tmp_path / "x.json"
-    res = runner.main(["--model", "tiny", "--task", "sva", "--methods", "grad_x_input,gradient",
-                       "--metrics", "pointing_game,mrr", "--n", "4", "--shard", "1/2",
-                       "--out", str(out), "--no-progress"])
+    res = runner.main(
+        [
+            "--model",
+            "tiny",
+            "--task",
+            "sva",
+            "--methods",
+            "grad_x_input,gradient",
+            "--metrics",
+            "pointing_game,mrr",
+            "--n",
+            "4",
+            "--shard",
+            "1/2",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert out.exists()
     assert sorted({r["item"] for r in res.records}) == [1, 3]
     assert "pointing_game" in capsys.readouterr().out

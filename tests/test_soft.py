@@ -8,11 +8,11 @@ import warnings
 
 import pytest
 import torch
-from lens_attrib.hooks.routing import cache_patterns, fixed_routing_hooks
 
 from lens_attrib import attribute
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.soft import hellinger, keep_scores, kl, soft_metrics, solve_alpha
+from lens_attrib.hooks.routing import cache_patterns, fixed_routing_hooks
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore:π unreachable:RuntimeWarning")

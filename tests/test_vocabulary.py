@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 
 from lens_attrib import (
     METHODS,
@@ -16,6 +15,7 @@ from lens_attrib import (
     to_batch,
 )
 from lens_attrib.forward import resid_of
+from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
 
 DECODERS = [tiny_gpt2, tiny_llama, tiny_pythia]
