@@ -17,7 +17,7 @@ import torch
 from headless_chromium import PageReport, find_chromium, open_page
 
 from experiments import common
-from lens_attrib.methods.registry import METHOD_INFO
+from lens_attrib.methods.registry import METHODS
 
 DEMO_METHODS = ("grad_x_input", "normxlogit", "logat", "alti_logit", "embed_norm")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -87,7 +87,7 @@ def test_demo_report_renders_offline(smollm2, tmp_path, chromium, one_thread):
     text = page.read_text(encoding="utf-8")
     assert "cdn.plot.ly" not in text and "<script src=" not in text
     # methods × tokens map + one layer map per per-layer method + the ground-truth bars
-    expected = 2 + sum(bool(METHOD_INFO[m]["per_layer"]) for m in DEMO_METHODS)
+    expected = 2 + sum(METHODS[m].per_layer for m in DEMO_METHODS)
     started = time.perf_counter()
     report = open_page(chromium, page, screenshot=tmp_path / "demo.png", expect_figures=expected)
     _describe("demo", report, len(text.encode()), time.perf_counter() - started)
