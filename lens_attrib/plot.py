@@ -352,10 +352,7 @@ def pruning_curve(
         values = np.array([getattr(c, metric) for c in group], dtype=np.float64)
         mean = values.mean(0)
         method, _, pooling = label.partition("/")
-        if pooling and names_of_poolings:
-            name = f"{method} ({names_of_poolings.get(pooling, pooling)})"
-        else:  # PruningCurve.display_label names the pooling itself
-            name = getattr(group[0], "display_label", label)
+        name = f"{method} ({names_of_poolings.get(pooling, pooling)})" if pooling else label
         if len(group) > 1:
             std = values.std(0)
             name = f"{name} (mean ± std, n={len(group)})"

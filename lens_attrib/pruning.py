@@ -401,13 +401,6 @@ class PruningCurve:
     seed: int | None = None
 
     @property
-    def display_label(self) -> str:
-        """``method (pooling label)`` for relevance orders (e.g. ``attnlrp (ReLU dim)``)."""
-        if self.method is None or self.pooling is None:
-            return self.label
-        return f"{self.method} ({POOLINGS.get(self.pooling, self.pooling)})"
-
-    @property
     def fraction(self) -> np.ndarray:
         """Fraction of all heads pruned at every point."""
         return np.asarray(self.n_pruned, dtype=np.float64) / self.n_heads

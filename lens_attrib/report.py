@@ -260,7 +260,15 @@ def ci_rows(
     records of the group, i.e. over items)."""
     from lens_attrib.evaluation.records import summarize
 
-    return summarize(records, keys, value=value, level=level, n_resamples=n_resamples, seed=seed)
+    return summarize(
+        records,
+        keys,
+        value=value,
+        level=level,
+        n_resamples=n_resamples,
+        seed=seed,
+        ordered=False,
+    )
 
 
 def _ci_cell(row: Mapping[str, Any] | None, digits: int) -> str:

@@ -276,7 +276,11 @@ def test_format_table_and_json_safe():
 def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
     import numpy as np
 
-    from experiments.agreement import bootstrap_ci
+    from lens_attrib.evaluation.stats import bootstrap_ci as mean_ci
+
+    def bootstrap_ci(values, n_boot=1000, seed=0):
+        stat = mean_ci(values, n_resamples=n_boot, seed=seed)
+        return stat.low, stat.high
 
     values = [0.0, 1.0, 1.0, 0.5, float("nan"), 0.25]
     low, high = bootstrap_ci(values, n_boot=500, seed=3)

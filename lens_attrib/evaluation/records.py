@@ -56,8 +56,11 @@ def summarize(
     level: float = 0.95,
     n_resamples: int = 1000,
     seed: int = 0,
+    ordered: bool = True,
 ) -> list[dict[str, Any]]:
     """Mean, std, count and bootstrap interval of ``value`` per group of ``by`` fields.
+
+    Rows are sorted by the ``by`` fields (``ordered=False``: in first-seen order).
 
     Default groups: method × metric × layer (experiments add fields such as ``task``).
     ``ci_low``/``ci_high``: the seeded percentile bootstrap of the mean over the group's records
@@ -94,7 +97,8 @@ def summarize(
                 and math.isfinite(float(r[value]))
             )
         rows.append(row)
-    rows.sort(key=lambda r: tuple(_order(r[k]) for k in by))
+    if ordered:
+        rows.sort(key=lambda r: tuple(_order(r[k]) for k in by))
     return rows
 
 
