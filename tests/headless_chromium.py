@@ -97,10 +97,11 @@ class DevToolsPipe:
             "--remote-debugging-pipe",
             "about:blank",
         ]
-        # the shell puts our pipe ends on fds 3 (commands in) and 4 (replies out), then execs
+        # bash (dash takes only one-digit fds) puts our pipe ends on fds 3 (commands in) and 4
+        # (replies out), then execs
         script = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
         self.process = subprocess.Popen(
-            ["/bin/sh", "-c", script, executable, *flags],
+            ["/bin/bash", "-c", script, executable, *flags],
             pass_fds=(to_browser_r, from_browser_w),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
