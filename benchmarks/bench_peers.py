@@ -355,12 +355,9 @@ def time_all(args: argparse.Namespace, opts_file: str, env: dict[str, str]) -> d
 def memory_all(args: argparse.Namespace, opts_file: str, env: dict[str, str]) -> dict[str, Any]:
     peaks: dict[str, Any] = {}
     t_max = max(args.lengths)
-    for kind, length in [
-        ("forward", t_max),
-        ("attnlrp", t_max),
-        ("grad_x_input", t_max),
-        ("ig", args.ig_length),
-    ]:
+    lengths = {"forward": t_max, "attnlrp": t_max, "grad_x_input": t_max, "ig": args.ig_length}
+    for kind in args.memory_kinds:
+        length = lengths[kind]
         for side in ("ours", "ours_copy", PEER_OF[kind]):
             command = [*_command(side, args.peer_python, opts_file), "--once", kind, str(length)]
             out = subprocess.run(
@@ -407,6 +404,13 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--ig-length", type=int, default=128)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--memory-kinds",
+        nargs="+",
+        choices=["forward", "attnlrp", "grad_x_input", "ig"],
+        default=["forward", "attnlrp", "grad_x_input", "ig"],
+        help="calls whose peak memory is measured (at the longest length; IG at --ig-length)",
+    )
     parser.add_argument("--out", default="results/bench_peers.json")
     parser.add_argument("--worker", choices=SIDES)
     parser.add_argument("--opts")

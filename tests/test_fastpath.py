@@ -176,9 +176,11 @@ def test_idempotent_and_disable_restores() -> None:
     pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
     enable_fast_forward(model)
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == pointers
+    assert all("forward" in block.attn.__dict__ for block in model.blocks)
     disable_fast_forward(model)
     assert not is_fast_forward(model)
     assert all(p.is_contiguous() for p in model.parameters())
+    assert not any("forward" in m.__dict__ for m in model.modules())
     with torch.no_grad():
         _close(model(tokens), before)
 
