@@ -18,6 +18,7 @@ from lens_attrib.hooks.guard import model_state_fingerprint
 from torch.profiler import ProfilerActivity, profile
 
 from lens_attrib.fastpath import disable_fast_forward, enable_fast_forward, is_fast_forward
+from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import attribute
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
 
@@ -47,8 +48,11 @@ def _tok(model: Any) -> torch.Tensor:
     return enc["input_ids"]
 
 
-def _run_with_cache(model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-    logits, cache = model.run_with_cache(tokens)
+def _run_with_cache(model: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Padded batch with its attention mask (exercises the padding branch of the masks)."""
+    batch = to_batch(model, PROMPTS)
+    assert not batch.mask.all()
+    logits, cache = model.run_with_cache(batch.tokens, **batch.model_kwargs())
     return logits, dict(cache.items())
 
 
@@ -99,9 +103,8 @@ def test_no_weight_copies_per_forward(pair) -> None:
 
 def test_outputs_and_every_activation_unchanged(pair) -> None:
     _, slow, fast = pair
-    tokens = _tok(slow)
-    logits_slow, cache_slow = _run_with_cache(slow, tokens)
-    logits_fast, cache_fast = _run_with_cache(fast, tokens)
+    logits_slow, cache_slow = _run_with_cache(slow)
+    logits_fast, cache_fast = _run_with_cache(fast)
     _close(logits_fast, logits_slow)
     assert cache_fast.keys() == cache_slow.keys()
     assert len(cache_slow) >= 10 * slow.cfg.n_layers
@@ -194,3 +197,16 @@ def test_dtype_change_keeps_layout() -> None:
 def test_rejects_other_modules() -> None:
     with pytest.raises(TypeError, match="HookedTransformer"):
         enable_fast_forward(torch.nn.Linear(2, 2))
+
+
+def test_unsupported_attention_settings_fall_back_to_transformer_lens() -> None:
+    """Per-head results (``use_attn_result``) switched on after enabling: TL's own forward runs."""
+    slow, fast = tiny_gpt2(dtype=F64), enable_fast_forward(tiny_gpt2(dtype=F64))
+    for model in (slow, fast):
+        model.set_use_attn_result(True)
+    logits_slow, cache_slow = _run_with_cache(slow)
+    logits_fast, cache_fast = _run_with_cache(fast)
+    assert "blocks.0.attn.hook_result" in cache_fast
+    _close(logits_fast, logits_slow)
+    for key, value in cache_slow.items():
+        _close(cache_fast[key], value)
