@@ -428,6 +428,8 @@ def main() -> None:
     opts = _options(args, opts_file)
     load = os.getloadavg()
     times = time_all(args, str(opts_file), env)
+    out_path.write_text(json.dumps({"times": times, "peaks": {}}, indent=1))  # kept if memory fails
+    print(report(times, {}), file=sys.stderr, flush=True)
     peaks = {} if args.no_memory else memory_all(args, str(opts_file), env)
     table = report(times, peaks)
     print(f"load average at start {load}, at end {os.getloadavg()} (interleaved rounds)")
