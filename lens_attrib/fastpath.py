@@ -1,0 +1,234 @@
+"""Forward passes without per-call weight copies: store each matrix in the layout its kernel reads.
+
+TransformerLens 3.9 keeps its weights in the "mathematical" layout (``W_U: [d_model, d_vocab]``,
+``W_Q: [head, d_model, d_head]``, ``W_O: [head, d_head, d_model]``, gated-MLP ``W_in: [d_model,
+d_mlp]``) but multiplies them with ``F.linear``, which wants Hugging Face's ``[out, in]`` layout.
+So every forward re-lays them out into a fresh contiguous tensor: ``W_U.T.contiguous()``
+(``Unembed``), ``W_gate/W_in/W_out.T.contiguous()`` (``GatedMLP``), ``rearrange(W_Q, "h m d ->
+(h d) m")`` (``simple_attn_linear``, also for ``W_K``/``W_V``) and ``rearrange(W_O, "h d m -> m
+(h d)").contiguous()`` (attention output). On SmolLM2-135M that is 211 weight copies per forward
+(the 113 MB ``W_U`` copy alone on every unembedding) and about a fifth of the forward's CPU time.
+
+:func:`enable_fast_forward` changes none of the code: it re-stores each such parameter so that the
+tensor the forward builds is a *view* of the parameter's memory, already in ``[out, in]`` order::
+
+    W_U      [d_model, d_vocab]      = storage[d_vocab, d_model].T
+    W_in     [d_model, d_mlp]        = storage[d_mlp, d_model].T       (W_gate likewise)
+    W_out    [d_mlp, d_model]        = storage[d_model, d_mlp].T
+    W_Q      [head, d_model, d_head] = storage[head, d_head, d_model].transpose(1, 2)  (K, V alike)
+    W_O      [head, d_head, d_model] = storage[d_model, head, d_head].permute(1, 2, 0)
+
+Then ``W_U.T.contiguous()`` returns the storage itself and ``rearrange`` only reshapes, so the
+forward hands ``F.linear`` the very values, in the very layout, that it copied before: outputs are
+bit-for-bit those of the unpatched model. The parameters stay the same ``nn.Parameter`` objects
+with the same names, shapes and values (``model.W_U``, ``state_dict()``, hooks, gradients, the
+model guard all see nothing new); only their strides change (``is_contiguous()`` is ``False``;
+``torch.save`` keeps the layout, ``safetensors`` needs ``.contiguous()`` on save).
+``Module.to(dtype/device)`` keeps the layout (``preserve_format``); a ``load_state_dict(...,
+assign=True)`` replaces it with the loaded tensors' layout, which is correct but slower again
+(call :func:`enable_fast_forward` after it).
+
+Attention scores. TransformerLens' eager attention makes six passes over every ``[batch, head,
+query, key]`` tensor besides the two products (divide by ``sqrt(d_head)``, ``where`` for the causal
+mask, softmax, then ``isnan``/``zeros_like``/``where`` to zero fully masked rows); at 512 tokens
+that is about a quarter of SmolLM2's forward. :func:`enable_fast_forward` also gives each plain
+attention module (no KV cache, no ALiBi/relative bias, soft-cap, sinks, QK-norm, split inputs or
+per-head results) an instance-level ``forward`` (:func:`_lean_attention_forward`) that computes the
+same values with fewer passes: the scale is applied to ``q`` when it is a power of two (exact in
+floating point, so bit-identical; otherwise to the scores, as before), the causal mask is filled
+in place, and NaN rows are zeroed in one ``nan_to_num`` pass (a softmax output is in ``[0, 1]``
+or NaN, so this equals the ``where``). Every hook point fires with the same tensor as before
+(``hook_q/k/v``, ``hook_rot_q/k``, ``hook_attn_scores``, ``hook_pattern``, ``hook_z``); other
+configurations run TransformerLens' own ``forward``.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import einops
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Storage order (logical dimensions, outermost first) of each re-laid parameter, by module kind.
+_MATRIX_T = (1, 0)
+_QKV_ORDER = (0, 2, 1)  # [head, d_model, d_head] stored as [head, d_head, d_model]
+_OUT_ORDER = (2, 0, 1)  # [head, d_head, d_model] stored as [d_model, head, d_head]
+
+
+def _layouts(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The parameters of ``module`` to re-lay and their storage orders (empty: leave as is)."""
+    from transformer_lens.components import AbstractAttention, Unembed
+    from transformer_lens.components.mlps.gated_mlp import GatedMLP
+
+    if isinstance(module, Unembed):
+        return {"W_U": _MATRIX_T}
+    if isinstance(module, GatedMLP):
+        return {"W_in": _MATRIX_T, "W_gate": _MATRIX_T, "W_out": _MATRIX_T}
+    if isinstance(module, AbstractAttention) and not module.cfg.load_in_4bit:
+        return {
+            "W_Q": _QKV_ORDER,
+            "W_K": _QKV_ORDER,
+            "W_V": _QKV_ORDER,
+            "_W_K": _QKV_ORDER,  # grouped-query attention stores K/V weights privately
+            "_W_V": _QKV_ORDER,
+            "W_O": _OUT_ORDER,
+        }
+    return {}
+
+
+def _relaid_parameters(model: nn.Module) -> list[tuple[nn.Parameter, tuple[int, ...]]]:
+    found: list[tuple[nn.Parameter, tuple[int, ...]]] = []
+    for module in model.modules():
+        for name, order in _layouts(module).items():
+            param = module._parameters.get(name)
+            if isinstance(param, nn.Parameter) and param.ndim == len(order):
+                found.append((param, order))
+    return found
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(order)), key=order.__getitem__))
+
+
+def _in_storage_order(tensor: torch.Tensor, order: tuple[int, ...]) -> bool:
+    return tensor.permute(order).is_contiguous()
+
+
+def _check_model(model: Any) -> None:
+    from transformer_lens import HookedEncoder, HookedTransformer
+
+    if not isinstance(model, HookedTransformer | HookedEncoder):
+        raise TypeError(
+            f"enable_fast_forward expects a TransformerLens HookedTransformer or HookedEncoder, "
+            f"got {type(model).__name__}."
+        )
+
+
+# --------------------------------------------------------------------------- lean attention
+def _lean_supported(attn: Any) -> bool:
+    """Whether ``attn``'s configuration is one :func:`_lean_attention_forward` reproduces."""
+    from transformer_lens.components import Attention, GroupedQueryAttention
+    from transformer_lens.utilities.activation_functions import softcap_enabled
+
+    cfg = attn.cfg
+    return (
+        type(attn) in (Attention, GroupedQueryAttention)
+        and cfg.positional_embedding_type in ("standard", "rotary", "shortformer")
+        and not (cfg.load_in_4bit or cfg.use_split_qkv_input or cfg.use_attn_in)
+        and not (cfg.use_attn_result or cfg.use_qk_norm or cfg.use_attention_sinks)
+        and not (cfg.use_logn_attn or cfg.use_dynamic_ntk_rope)
+        and cfg.clip_qkv is None
+        and not softcap_enabled(cfg.attn_scores_soft_cap)
+        and getattr(attn, "q_norm", None) is None
+        and (attn._attention_dir_override or cfg.attention_dir) in ("causal", "bidirectional")
+    )
+
+
+def _is_power_of_two(x: float) -> bool:
+    mantissa, _ = math.frexp(x)
+    return x > 0 and mantissa == 0.5
+
+
+def _lean_attention_forward(
+    self: Any,
+    query_input: torch.Tensor,
+    key_input: torch.Tensor,
+    value_input: torch.Tensor,
+    past_kv_cache_entry: Any = None,
+    additive_attention_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TransformerLens' eager attention (same values, same hooks) with fewer ``[q, k]`` passes."""
+    if past_kv_cache_entry is not None or position_bias is not None or not _lean_supported(self):
+        return type(self).forward(  # type: ignore[no-any-return]
+            self,
+            query_input,
+            key_input,
+            value_input,
+            past_kv_cache_entry=past_kv_cache_entry,
+            additive_attention_mask=additive_attention_mask,
+            attention_mask=attention_mask,
+            position_bias=position_bias,
+        )
+    q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+    if self.cfg.positional_embedding_type == "rotary":
+        q = self.hook_rot_q(self.apply_rotary(q, 0, attention_mask))
+        k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))
+    repeats = getattr(self, "repeat_kv_heads", 1)
+    if repeats > 1 and not self.cfg.ungroup_grouped_query_attention:
+        k = torch.repeat_interleave(k, dim=2, repeats=repeats)
+        v = torch.repeat_interleave(v, dim=2, repeats=repeats)
+    q_ = einops.rearrange(q, "batch pos head d_head -> batch head pos d_head")
+    k_ = einops.rearrange(k, "batch pos head d_head -> batch head d_head pos")
+    scale = float(self.attn_scale)
+    if _is_power_of_two(scale):  # (q / 2^n)·k == (q·k) / 2^n exactly
+        scores = (q_ / scale) @ k_
+    else:
+        scores = q_ @ k_ / scale
+    if (self._attention_dir_override or self.cfg.attention_dir) == "causal":
+        allowed = self._make_causal_mask(scores.size(-2), scores.size(-1), 0, scores.device)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, :].bool()
+        scores = scores.masked_fill_(~allowed, float("-inf"))
+    if additive_attention_mask is not None:
+        scores = scores + additive_attention_mask
+    scores = self.hook_attn_scores(scores)
+    pattern = torch.nan_to_num(F.softmax(scores, dim=-1), nan=0.0)  # fully masked rows → 0
+    pattern = self.hook_pattern(pattern).to(device=v.device, dtype=v.dtype)
+    v_ = einops.rearrange(v, "batch pos head d_head -> batch head pos d_head")
+    z = self.hook_z(
+        einops.rearrange(pattern @ v_, "batch head pos d_head -> batch pos head d_head")
+    )
+    w_o = einops.rearrange(self.W_O, "head d_head d_model -> d_model (head d_head)").contiguous()
+    return F.linear(z.reshape(z.shape[0], z.shape[1], -1).to(w_o.dtype), w_o, self.b_O)
+
+
+def _attention_modules(model: nn.Module) -> list[nn.Module]:
+    from transformer_lens.components import AbstractAttention
+
+    return [m for m in model.modules() if isinstance(m, AbstractAttention)]
+
+
+def enable_fast_forward(model: Any) -> Any:
+    """Re-store ``model``'s matrices so that no forward copies a weight; returns ``model``.
+
+    In place and idempotent. Outputs, hooks, gradients and ``state_dict`` are unchanged (see the
+    module docstring); parameters already in the fast layout are left alone.
+    """
+    _check_model(model)
+    with torch.no_grad():
+        for param, order in _relaid_parameters(model):
+            if _in_storage_order(param, order):
+                continue
+            stored = param.detach().permute(order).contiguous()
+            param.data = stored.permute(_inverse(order))
+    for attn in _attention_modules(model):
+        if _lean_supported(attn):
+            attn.forward = types.MethodType(_lean_attention_forward, attn)
+    return model
+
+
+def disable_fast_forward(model: Any) -> Any:
+    """Give every re-laid parameter back its ordinary contiguous layout; returns ``model``."""
+    _check_model(model)
+    with torch.no_grad():
+        for param, _ in _relaid_parameters(model):
+            if not param.is_contiguous():
+                param.data = param.detach().contiguous()
+    for attn in _attention_modules(model):
+        attn.__dict__.pop("forward", None)
+    return model
+
+
+def is_fast_forward(model: Any) -> bool:
+    """Whether every matrix :func:`enable_fast_forward` handles is in its copy-free layout and
+    every supported attention module runs the lean forward."""
+    lean = all(
+        "forward" in attn.__dict__ for attn in _attention_modules(model) if _lean_supported(attn)
+    )
+    return lean and all(_in_storage_order(p, order) for p, order in _relaid_parameters(model))

@@ -1,0 +1,212 @@
+"""The copy-free weight layout (lens_attrib/fastpath.py) changes speed only.
+
+Oracle: the same tiny model (same seed) without the patch. In float64 the patched model gives the
+same logits, the same activation at every hook point, the same state_dict (same Parameter objects),
+the same guard fingerprint and the same attribution scores; user hooks fire with the same shapes;
+no forward copies a weight any more (profiler); disabling gives the ordinary layout back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import einops
+import pytest
+import torch
+from lens_attrib.hooks.guard import model_state_fingerprint
+from torch.profiler import ProfilerActivity, profile
+
+from lens_attrib.fastpath import disable_fast_forward, enable_fast_forward, is_fast_forward
+from lens_attrib.inputs import to_batch
+from lens_attrib.methods.registry import attribute
+from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
+
+F64 = torch.float64
+PROMPTS = ["the dog sees the cat near the house", "a man likes books"]
+BUILDERS: dict[str, Callable[..., Any]] = {
+    "gpt2": tiny_gpt2,
+    "llama": tiny_llama,
+    "pythia": tiny_pythia,
+    "bert": tiny_bert,
+}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=0.0, atol=1e-12)
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def pair(request: pytest.FixtureRequest) -> tuple[str, Any, Any]:
+    """(name, unpatched model, patched model): two copies of the same float64 weights."""
+    build = BUILDERS[request.param]
+    return request.param, build(dtype=F64), enable_fast_forward(build(dtype=F64))
+
+
+def _tok(model: Any) -> torch.Tensor:
+    enc = model.tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    return enc["input_ids"]
+
+
+def _run_with_cache(model: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Padded batch with its attention mask (exercises the padding branch of the masks)."""
+    batch = to_batch(model, PROMPTS)
+    assert not batch.mask.all()
+    logits, cache = model.run_with_cache(batch.tokens, **batch.model_kwargs())
+    return logits, dict(cache.items())
+
+
+def test_layout_is_copy_free(pair) -> None:
+    """The tensors the forward builds from the weights are views of the parameters' memory."""
+    _, _, fast = pair
+    assert is_fast_forward(fast)
+    if hasattr(fast, "unembed"):
+        w_u = fast.unembed.W_U
+        assert w_u.T.contiguous().data_ptr() == w_u.data_ptr()
+    for block in fast.blocks:
+        attn = block.attn
+        for name in ("W_Q", "_W_K", "_W_V", "W_K", "W_V"):
+            w = attn._parameters.get(name)
+            if w is not None:
+                fused = einops.rearrange(w, "h m d -> (h d) m")
+                assert fused.is_contiguous() and fused.data_ptr() == w.data_ptr(), name
+        w_o = einops.rearrange(attn.W_O, "h d m -> m (h d)")
+        assert w_o.is_contiguous() and w_o.data_ptr() == attn.W_O.data_ptr()
+        for name in ("W_gate", "W_in", "W_out"):
+            w = block.mlp._parameters.get(name)
+            if w is not None and "Gated" in type(block.mlp).__name__:
+                assert w.T.contiguous().data_ptr() == w.data_ptr(), name
+
+
+def _weight_copies(model: Any, tokens: torch.Tensor) -> int:
+    """Number of ``aten::copy_`` calls in one forward whose shape is a weight's [out, in] shape."""
+    shapes = {tuple(p.shape) for n, p in model.named_parameters() if "W" in n.split(".")[-1]}
+    shapes |= {tuple(reversed(s)) for s in shapes}
+    shapes |= {(s[0] * s[2], s[1]) for s in list(shapes) if len(s) == 3}
+    shapes |= {(s[1], s[0] * s[2]) for s in list(shapes) if len(s) == 3}
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        model(tokens)
+    return sum(
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::copy_" and e.input_shapes and tuple(e.input_shapes[0]) in shapes
+    )
+
+
+def test_no_weight_copies_per_forward(pair) -> None:
+    name, slow, fast = pair
+    # one prompt of 6-7 tokens: no activation shape coincides with a weight shape
+    tokens = slow.tokenizer(["the dog sees the cat"], return_tensors="pt")["input_ids"]
+    assert _weight_copies(slow, tokens) > 0, "the oracle should see the unpatched copies"
+    assert _weight_copies(fast, tokens) == 0, name
+
+
+def test_outputs_and_every_activation_unchanged(pair) -> None:
+    _, slow, fast = pair
+    logits_slow, cache_slow = _run_with_cache(slow)
+    logits_fast, cache_fast = _run_with_cache(fast)
+    _close(logits_fast, logits_slow)
+    assert cache_fast.keys() == cache_slow.keys()
+    assert len(cache_slow) >= 10 * slow.cfg.n_layers
+    for key, value in cache_slow.items():
+        _close(cache_fast[key], value)
+
+
+def test_user_hooks_fire_with_same_shapes(pair) -> None:
+    _, slow, fast = pair
+    tokens = _tok(slow)
+
+    def shapes_seen(model: Any) -> list[tuple[str, tuple[int, ...]]]:
+        seen: list[tuple[str, tuple[int, ...]]] = []
+
+        def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            seen.append((hook.name, tuple(x.shape)))
+            return x * 1.0
+
+        model.run_with_hooks(tokens, fwd_hooks=[(lambda n: True, hook)])
+        return seen
+
+    seen_slow, seen_fast = shapes_seen(slow), shapes_seen(fast)
+    assert seen_fast == seen_slow
+    assert len({n for n, _ in seen_fast}) >= 10 * fast.cfg.n_layers
+
+
+def test_state_dict_parameters_and_fingerprint_unchanged() -> None:
+    for build in BUILDERS.values():
+        model = build(dtype=F64)
+        params = dict(model.named_parameters())
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        fingerprint = model_state_fingerprint(model)
+        enable_fast_forward(model)
+        assert model_state_fingerprint(model) == fingerprint
+        assert all(p is params[n] for n, p in model.named_parameters())
+        after = model.state_dict()
+        assert after.keys() == state.keys()
+        assert all(torch.equal(after[k], v) for k, v in state.items())
+        assert any(not p.is_contiguous() for p in model.parameters())
+
+
+@pytest.mark.parametrize("method", ["grad_x_input", "attnlrp"])
+def test_attribution_scores_unchanged(pair, method) -> None:
+    _, slow, fast = pair
+    a_slow = attribute(slow, PROMPTS, method=method)
+    a_fast = attribute(fast, PROMPTS, method=method)
+    _close(a_fast.scores, a_slow.scores)
+    assert torch.equal(a_fast.mask, a_slow.mask)
+
+
+def test_parameter_gradients_unchanged() -> None:
+    """Back-propagation to the re-laid weights themselves gives the same gradients."""
+    grads = []
+    for patch in (False, True):
+        model = tiny_llama(dtype=F64)
+        if patch:
+            enable_fast_forward(model)
+        model.zero_grad()
+        model(_tok(model)).square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for n, g in grads[0].items():
+        _close(grads[1][n], g)
+
+
+def test_idempotent_and_disable_restores() -> None:
+    model = tiny_gpt2(dtype=F64)
+    tokens = _tok(model)
+    with torch.no_grad():
+        before = model(tokens)
+    enable_fast_forward(model)
+    pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
+    enable_fast_forward(model)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == pointers
+    assert all("forward" in block.attn.__dict__ for block in model.blocks)
+    disable_fast_forward(model)
+    assert not is_fast_forward(model)
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with torch.no_grad():
+        _close(model(tokens), before)
+
+
+def test_dtype_change_keeps_layout() -> None:
+    model = enable_fast_forward(tiny_llama(dtype=F64)).to(torch.float32)
+    assert is_fast_forward(model)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_rejects_other_modules() -> None:
+    with pytest.raises(TypeError, match="HookedTransformer"):
+        enable_fast_forward(torch.nn.Linear(2, 2))
+
+
+def test_unsupported_attention_settings_fall_back_to_transformer_lens() -> None:
+    """Per-head results (``use_attn_result``) switched on after enabling: TL's own forward runs."""
+    slow, fast = tiny_gpt2(dtype=F64), enable_fast_forward(tiny_gpt2(dtype=F64))
+    for model in (slow, fast):
+        model.set_use_attn_result(True)
+    logits_slow, cache_slow = _run_with_cache(slow)
+    logits_fast, cache_fast = _run_with_cache(fast)
+    assert "blocks.0.attn.hook_result" in cache_fast
+    _close(logits_fast, logits_slow)
+    for key, value in cache_slow.items():
+        _close(cache_fast[key], value)
