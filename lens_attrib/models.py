@@ -46,6 +46,7 @@ import torch
 
 from lens_attrib.backend import arch_of
 from lens_attrib.errors import ModelError
+from lens_attrib.fastpath import enable_fast_forward
 
 SMOLLM2_NAMES = {"smollm2-135m", "smollm2", "smollm2-135m-instruct"}
 MINILM_NAMES = {"minilm-l6", "all-minilm-l6-v2", "minilm"}
@@ -95,7 +96,9 @@ def load_model(
     """Load a model as a ``HookedTransformer`` or ``HookedEncoder`` without weight processing.
 
     See the module docstring for the accepted names. ``device`` defaults to the CPU; ``dtype`` is
-    one of float32, float64, bfloat16, float16 and is the dtype the model is built in.
+    one of float32, float64, bfloat16, float16 and is the dtype the model is built in. The
+    model's weights are re-laid once so that its forward copies none of them
+    (:func:`lens_attrib.fastpath.enable_fast_forward`; same parameters, values and outputs).
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ModelError(
@@ -118,7 +121,8 @@ def load_model(
         share_equal_rotary_tables(model)
     model.cfg.device = str(device)
     model.eval()
-    return model
+    # weights stored in the layout the forward's kernels read: no per-forward copies (fastpath)
+    return enable_fast_forward(model)
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

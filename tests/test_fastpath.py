@@ -14,10 +14,10 @@ from typing import Any
 import einops
 import pytest
 import torch
-from lens_attrib.hooks.guard import model_state_fingerprint
 from torch.profiler import ProfilerActivity, profile
 
 from lens_attrib.fastpath import disable_fast_forward, enable_fast_forward, is_fast_forward
+from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import attribute
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
