@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.hooks.lrp import lrp_hooks, mlm_head_patch
+from lens_attrib.hooks.lrp import IDENTITY_EPS, lrp_hooks, mlm_head_patch
 from lens_attrib.methods.common import (
     check_finite,
     embedding_hooks,
@@ -68,15 +68,21 @@ def lrpx(
     *,
     embeddings: str = "full",
     heads: bool = False,
+    identity_eps: float = IDENTITY_EPS,
 ) -> Attribution:
-    """Shared body of ``lrp`` and ``attnlrp``: patched forward, one backward, grad × input."""
+    """Shared body of ``lrp`` and ``attnlrp``: patched forward, one backward, grad × input.
+
+    ``identity_eps``: stabiliser of the identity rule through activations (see
+    :func:`lens_attrib.hooks.lrp.lrp_hooks`; default ``1e-10`` as in LXT 2.1).
+    """
     started = time.perf_counter()
     _warn_low_precision(model, variant)
     batch, target = prepare(model, inputs, target)
     emb = embedding_hooks(model, embeddings)
     names = emb + (head_hooks(model) if heads else [])
-    with grad_context(model), mlm_head_patch(model):
-        xs, grads, result = gradients_at(model, batch, target, names, lrp_hooks(model, variant))
+    hooks = lrp_hooks(model, variant, identity_eps=identity_eps)
+    with grad_context(model), mlm_head_patch(model, identity_eps=identity_eps):
+        xs, grads, result = gradients_at(model, batch, target, names, hooks)
     n = len(emb)
     scores = grad_x_input_scores(xs[:n], grads[:n])
     check_finite(variant, scores)
@@ -91,7 +97,7 @@ def lrpx(
         variant,
         scores,
         started=started,
-        options={"embeddings": embeddings, "heads": heads},
+        options={"embeddings": embeddings, "heads": heads, "identity_eps": identity_eps},
         meta={
             "explained_value": value.cpu(),
             "relevance_sum": relevance_sum.cpu(),
@@ -109,13 +115,23 @@ def lrp(
     *,
     embeddings: str = "full",
     heads: bool = False,
+    identity_eps: float = IDENTITY_EPS,
 ) -> Attribution:
     """CP-LRP (Ali et al. 2022) as patched Gradient×Input; see the module docstring.
 
     embeddings: ``"full"`` (token + positional [+ token-type]) or ``"partial"`` (token only).
     heads:      also per-head relevances ``z ⊙ ∂̃f/∂z`` at ``attn.hook_z``.
+    identity_eps: identity-rule stabiliser ``φ(h)/(h + ε)`` (1e-10 as LXT 2.1; 0: exact rule).
     """
-    return lrpx(model, inputs, target, "lrp", embeddings=embeddings, heads=heads)
+    return lrpx(
+        model,
+        inputs,
+        target,
+        "lrp",
+        embeddings=embeddings,
+        heads=heads,
+        identity_eps=identity_eps,
+    )
 
 
 @register("attnlrp", uses_gradient=True)
@@ -126,10 +142,20 @@ def attnlrp(
     *,
     embeddings: str = "full",
     heads: bool = False,
+    identity_eps: float = IDENTITY_EPS,
 ) -> Attribution:
     """AttnLRP (Achtibat et al. 2024) as patched Gradient×Input; see the module docstring.
 
     embeddings: ``"full"`` (token + positional [+ token-type]) or ``"partial"`` (token only).
     heads:      also per-head relevances ``z ⊙ ∂̃f/∂z`` at ``attn.hook_z``.
+    identity_eps: identity-rule stabiliser ``φ(h)/(h + ε)`` (1e-10 as LXT 2.1; 0: exact rule).
     """
-    return lrpx(model, inputs, target, "attnlrp", embeddings=embeddings, heads=heads)
+    return lrpx(
+        model,
+        inputs,
+        target,
+        "attnlrp",
+        embeddings=embeddings,
+        heads=heads,
+        identity_eps=identity_eps,
+    )
