@@ -11,10 +11,11 @@ argmax at the last token; 8 prompts per BOS setting also as target − runner-up
 (80 items). Error of an item: ``max_i |R_lib − R_ref| / max_i |R_ref|``, asserted ≤ 1e-6.
 
 Integrated Gradients (50 steps, pad-token baseline with the first position kept) is tested on
-two prompts with and without BOS and with and without a foil (its 50 float64 passes per item
-are slow on the CPU); the fixture holds 16 prompt settings with their foil variants. Captum's
-``riemann_trapezoid`` uses the nodes ``k/(n−1)`` of the library's ``rule="trapezoid"`` with
-weights ``1/n`` (ends halved) instead of ``1/(n−1)``, so ``R_captum = (n−1)/n · R_lib`` exactly.
+prompts 0 and 4, with and without BOS and with and without a foil (8 items: 50 float64 passes
+per item are slow on the CPU); the fixture holds 22 IG rows. Captum's ``riemann_trapezoid``
+uses the nodes ``k/(n−1)`` of the library's ``rule="trapezoid"`` with weights ``1/n`` (ends
+halved) instead of ``1/(n−1)``, so ``R_captum = (n−1)/n · R_lib`` exactly; Captum also rounds
+its weights to float32, which leaves a uniform relative difference of 2.2e-8.
 The Gauss–Legendre oracle is stored but not tested (the library has no such rule yet).
 """
 
