@@ -8,8 +8,11 @@ forward value of the model *bit for bit* unchanged and only changes what flows b
   ``σ`` is detached at ``*.hook_scale``; the normalisation becomes the linear map
   ``(x − μ)·w/σ`` (ε-rule; identity rule for RMSNorm).
 - **elementwise activation** ``a = φ(h)``: identity rule ``R_h = R_a``, i.e. the backward pass
-  multiplies by ``φ(h)/h`` instead of ``φ'(h)`` (at ``mlp.hook_post``, with ``h`` from
-  ``mlp.hook_pre``; and inside BERT's MLM head).
+  multiplies by ``φ(h)/(h + ε_id)`` instead of ``φ'(h)`` (at ``mlp.hook_post``, with ``h`` from
+  ``mlp.hook_pre``; and inside BERT's MLM head). ``ε_id = identity_eps`` defaults to ``1e-10``,
+  the stabiliser of LXT 2.1's ``identity_rule_implicit`` (Achtibat et al. 2024, reference code),
+  so that the default equals LXT; ``identity_eps=0`` gives the exact ratio ``φ(h)/h``. Where
+  ``h + ε_id == 0`` the multiplier is 0 (LXT would divide by zero there).
 - **CP-LRP** (``variant="lrp"``): attention pattern detached at ``attn.hook_pattern`` (the
   attention is a fixed linear mixing of values), the gate of a gated MLP detached.
 - **AttnLRP** (``variant="attnlrp"``): uniform rule on both bilinear products. For
@@ -39,6 +42,7 @@ from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
 
 VARIANTS = ("lrp", "attnlrp")
+IDENTITY_EPS = 1e-10  # LXT 2.1, lxt/efficient/rules.py: identity_rule_implicit_fn(epsilon=1e-10)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -92,10 +96,13 @@ def safe_ratio(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, 1.0, den))
 
 
-def identity_rule(pre: Tensor, post: Tensor) -> Tensor:
-    """``post = φ(pre)`` forward, backward multiplied by ``φ(pre)/pre``: ``R_pre = R_post``."""
+def identity_rule(pre: Tensor, post: Tensor, eps: float = IDENTITY_EPS) -> Tensor:
+    """``post = φ(pre)`` forward, backward multiplied by ``φ(pre)/(pre + eps)``: ``R_pre ≈ R_post``.
+
+    ``eps`` is LXT's stabiliser (default ``1e-10``); with ``eps=0`` the rule is exact.
+    """
     with torch.no_grad():
-        ratio = safe_ratio(post, pre)
+        ratio = safe_ratio(post, pre + eps)
     return linearized(post, (pre, ratio))
 
 
@@ -110,7 +117,7 @@ def _grad_scaler(factor: float) -> HookFn:
     return hook
 
 
-def _mlp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
+def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str, HookFn]]:
     """Identity rule through the activation; gate rule (detach / uniform) in gated MLPs."""
     cfg = model.cfg
     if cfg.act_fn is not None and cfg.is_layer_norm_activation():
@@ -132,7 +139,7 @@ def _mlp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
         saved = store.pop(prefix)
         pre = saved["pre"]
         if not gated:
-            return identity_rule(pre, post)
+            return identity_rule(pre, post, identity_eps)
         up = saved["up"]
         mlp = model.get_submodule(prefix)
         with torch.no_grad():
@@ -140,7 +147,7 @@ def _mlp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
         if variant == "lrp":  # gate detached: post = const · up
             return linearized(post, (up, act))
         with torch.no_grad():  # uniform rule on act·up, identity rule through act
-            m_pre = 0.5 * up * safe_ratio(act, pre)
+            m_pre = 0.5 * up * safe_ratio(act, pre + identity_eps)
         return linearized(post, (pre, m_pre), (up, 0.5 * act))
 
     for layer in range(cfg.n_layers):
@@ -151,8 +158,14 @@ def _mlp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
     return hooks
 
 
-def lrp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
-    """TransformerLens forward hooks implementing ``variant`` ("lrp" or "attnlrp")."""
+def lrp_hooks(
+    model: Any, variant: str, *, identity_eps: float = IDENTITY_EPS
+) -> list[tuple[str, HookFn]]:
+    """TransformerLens forward hooks implementing ``variant`` ("lrp" or "attnlrp").
+
+    identity_eps: stabiliser ``ε_id`` of the identity rule ``φ(h)/(h + ε_id)`` through
+                  activations (default ``1e-10`` as in LXT 2.1; ``0`` for the exact ratio).
+    """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     names = list(model.hook_dict)
@@ -164,12 +177,14 @@ def lrp_hooks(model: Any, variant: str) -> list[tuple[str, HookFn]]:
             hooks.append((hook_name("q", layer), _grad_scaler(0.25)))
             hooks.append((hook_name("k", layer), _grad_scaler(0.25)))
             hooks.append((hook_name("v", layer), _grad_scaler(0.5)))
-    return hooks + _mlp_hooks(model, variant)
+    return hooks + _mlp_hooks(model, variant, identity_eps)
 
 
 @contextmanager
-def mlm_head_patch(model: Any) -> Iterator[None]:
+def mlm_head_patch(model: Any, *, identity_eps: float = IDENTITY_EPS) -> Iterator[None]:
     """Identity rule through the GELU inside BERT's MLM head (it has no hook point).
+
+    ``identity_eps``: the identity rule's stabiliser, as in :func:`lrp_hooks`.
 
     A forward pre-hook on ``mlm_head`` keeps its input ``x``; a forward pre-hook on
     ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and linearises
@@ -187,7 +202,7 @@ def mlm_head_patch(model: Any) -> Iterator[None]:
     def linearize(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         x = kept.pop("x")
         h = torch.matmul(x, head.W) + head.b
-        return (identity_rule(h, args[0]), *args[1:])
+        return (identity_rule(h, args[0], identity_eps), *args[1:])
 
     handles = [
         head.register_forward_pre_hook(keep_input),
@@ -201,6 +216,7 @@ def mlm_head_patch(model: Any) -> Iterator[None]:
 
 
 __all__ = [
+    "IDENTITY_EPS",
     "VARIANTS",
     "identity_rule",
     "linearized",

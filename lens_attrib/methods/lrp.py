@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from lens_attrib.backend import embedding_hooks, head_output_hooks
-from lens_attrib.hooks.lrp import lrp_hooks, mlm_head_patch
+from lens_attrib.hooks.lrp import IDENTITY_EPS, lrp_hooks, mlm_head_patch
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at, head_relevances
 from lens_attrib.methods.gradient import EMBEDDING_OPTION, HEADS_OPTION
-from lens_attrib.methods.registry import MethodOutput, register
+from lens_attrib.methods.registry import MethodOutput, Option, register
 from lens_attrib.target import Target
 
 
@@ -50,14 +50,26 @@ def _warn_low_precision(batch: Batch, method: str) -> None:
 
 
 def lrpx(
-    model: Any, batch: Batch, target: Target, variant: str, *, embeddings: str, heads: bool
+    model: Any,
+    batch: Batch,
+    target: Target,
+    variant: str,
+    *,
+    embeddings: str,
+    heads: bool,
+    identity_eps: float,
 ) -> MethodOutput:
-    """Shared body of ``lrp`` and ``attnlrp``: patched forward, one backward, grad × input."""
+    """Shared body of ``lrp`` and ``attnlrp``: patched forward, one backward, grad × input.
+
+    ``identity_eps``: stabiliser of the identity rule through activations (see
+    :func:`lens_attrib.hooks.lrp.lrp_hooks`; default ``1e-10`` as in LXT 2.1).
+    """
     _warn_low_precision(batch, variant)
     emb = embedding_hooks(batch.arch, embeddings)
     names = emb + (head_output_hooks(batch.arch) if heads else [])
-    with mlm_head_patch(model):
-        xs, grads, result = gradients_at(model, batch, target, names, lrp_hooks(model, variant))
+    hooks = lrp_hooks(model, variant, identity_eps=identity_eps)
+    with mlm_head_patch(model, identity_eps=identity_eps):
+        xs, grads, result = gradients_at(model, batch, target, names, hooks)
     n = len(emb)
     scores = grad_x_input_scores(xs[:n], grads[:n])
     scores = scores.masked_fill(~batch.mask.to(scores.device), 0.0)
@@ -77,28 +89,55 @@ def lrpx(
     )
 
 
-LRPX_OPTIONS = {"embeddings": EMBEDDING_OPTION, "heads": HEADS_OPTION}
+def _nonnegative(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e300
+    return None if ok else "a finite number >= 0"
+
+
+LRPX_OPTIONS = {
+    "embeddings": EMBEDDING_OPTION,
+    "heads": HEADS_OPTION,
+    "identity_eps": Option(
+        IDENTITY_EPS,
+        check=_nonnegative,
+        help="identity-rule stabiliser φ(h)/(h + ε): 1e-10 as LXT 2.1; 0 for the exact ratio",
+    ),
+}
 
 
 @register("lrp", label="LRP", uses_gradient=True, head_relevances=True, options=LRPX_OPTIONS)
-def lrp(model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool) -> MethodOutput:
+def lrp(
+    model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool, identity_eps: float
+) -> MethodOutput:
     """CP-LRP (Ali et al. 2022) as patched Gradient×Input; see the module docstring.
 
     embeddings: ``"full"`` (token + positional [+ token-type]) or ``"partial"`` (token only).
     heads:      also per-head relevances ``z ⊙ ∂̃f/∂z`` at ``attn.hook_z``.
+    identity_eps: identity-rule stabiliser ``φ(h)/(h + ε)`` (1e-10 as LXT 2.1; 0: exact rule).
     """
-    return lrpx(model, batch, target, "lrp", embeddings=embeddings, heads=heads)
+    return lrpx(
+        model, batch, target, "lrp", embeddings=embeddings, heads=heads, identity_eps=identity_eps
+    )
 
 
 @register(
     "attnlrp", label="AttnLRP", uses_gradient=True, head_relevances=True, options=LRPX_OPTIONS
 )
 def attnlrp(
-    model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool
+    model: Any, batch: Batch, target: Target, *, embeddings: str, heads: bool, identity_eps: float
 ) -> MethodOutput:
     """AttnLRP (Achtibat et al. 2024) as patched Gradient×Input; see the module docstring.
 
     embeddings: ``"full"`` (token + positional [+ token-type]) or ``"partial"`` (token only).
     heads:      also per-head relevances ``z ⊙ ∂̃f/∂z`` at ``attn.hook_z``.
+    identity_eps: identity-rule stabiliser ``φ(h)/(h + ε)`` (1e-10 as LXT 2.1; 0: exact rule).
     """
-    return lrpx(model, batch, target, "attnlrp", embeddings=embeddings, heads=heads)
+    return lrpx(
+        model,
+        batch,
+        target,
+        "attnlrp",
+        embeddings=embeddings,
+        heads=heads,
+        identity_eps=identity_eps,
+    )
