@@ -11,7 +11,9 @@ token only with ``"partial"``), where ``∂̃`` is the patched gradient.
 - ``lrp``: CP-LRP of Ali et al. 2022 ("XAI for Transformers: Better Explanations through
   Conservative Propagation"): norm scales and attention patterns detached, identity rule through
   the MLP activation, gate detached in gated MLPs. With all biases zero the network is linear in
-  its embeddings along the patched graph, so ``Σ_i R_i = f`` (conservation).
+  its embeddings along the patched graph, so ``Σ_i R_i = f`` (conservation; exactly with
+  ``identity_eps=0``, up to the identity rule's stabiliser ``φ(h)/(h + 1e-10)`` by default,
+  which is LXT 2.1's and makes the default equal LXT to ~1e-14 on float64 SmolLM2).
 - ``attnlrp``: AttnLRP of Achtibat et al. 2024 ("AttnLRP: Attention-Aware Layer-Wise Relevance
   Propagation for Transformers"): norm scales detached, identity rule through activations, uniform
   rule (half to each factor) on ``q·k``, ``A·v`` and ``φ(gate)·up``, plain Gradient×Input through
