@@ -192,9 +192,17 @@ def sink_positions(batch: Batch) -> Tensor:
 def sink_token_id(model: Any) -> int:
     """The token prepended as attention sink to a decoder prompt without a leading special token.
 
-    The tokenizer's BOS, else its EOS/document separator, else its pad token.
+    The document separator ``<|endoftext|>`` where the vocabulary has one, else the tokenizer's
+    BOS, EOS or pad token. A raw prompt after a document separator is what pretraining saw; on
+    SmolLM2-135M-Instruct (whose BOS is the chat marker ``<|im_start|>``) 30 agreement and
+    anaphora items keep their behaviour after ``<|endoftext|>`` (median logit difference
+    target − foil 1.70, 77 % correct; without a sink 1.19, 80 %) but not after ``<|im_start|>``
+    (0.30, 60 %).
     """
     tokenizer = model.tokenizer
+    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+    if "<|endoftext|>" in vocab:
+        return int(vocab["<|endoftext|>"])
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(tokenizer, name, None) if tokenizer is not None else None
         if value is not None:
