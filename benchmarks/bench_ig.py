@@ -73,7 +73,7 @@ def measure(model: Any, item: Any, options: dict[str, Any]) -> dict[str, Any]:
     delta = float(a.meta["explained_value"][0] - a.meta["baseline_value"][0])
     gap = float(a.meta["completeness_gap"][0])
     first = int(a.mask[0].nonzero()[0])
-    steps = a.meta.get("n_steps", options.get("n_steps"))
+    steps: Any = a.meta.get("n_steps", options.get("n_steps", 0))
     return {
         "task": item.task,
         "prompt": item.prompt,
