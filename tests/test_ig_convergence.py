@@ -1,0 +1,110 @@
+"""Integrated Gradients converges and attributes every real token (issue 14).
+
+Oracles: Gauss–Legendre exactness on polynomials, completeness (Σ R = f(x) − f(b)) within the
+requested tolerance, batched == unbatched, and the explained value with a prepended sink equal to
+an independent forward of ``BOS + prompt``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from lens_attrib.methods.gradient import auto_schedule, quadrature, sink_token_id
+from lens_attrib.methods.registry import attribute
+from lens_attrib.target import Target
+from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+
+F64 = torch.float64
+PROMPTS = ["the dog sees the cat near the house", "a man likes books", "the keys to the cabinet"]
+
+
+def _ids_without_bos(model, text):
+    return torch.tensor([model.tokenizer(text, add_special_tokens=False)["input_ids"]])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_gauss_legendre_is_exact_up_to_degree_2n_minus_1(n) -> None:
+    alphas, weights = quadrature(n, "gausslegendre")
+    assert all(0 < a < 1 for a in alphas)
+    for degree in range(2 * n):  # ∫₀¹ α^k dα = 1/(k + 1)
+        approx = sum(w * a**degree for a, w in zip(alphas, weights))
+        assert approx == pytest.approx(1 / (degree + 1), rel=1e-12, abs=1e-14)
+    # and not beyond: the error on α^(2n) is (n!)^4 / ((2n + 1) ((2n)!)^2) (Gauss's remainder)
+    too_high = sum(w * a ** (2 * n) for a, w in zip(alphas, weights))
+    expected = math.factorial(n) ** 4 / ((2 * n + 1) * math.factorial(2 * n) ** 2)
+    assert 1 / (2 * n + 1) - too_high == pytest.approx(expected, rel=1e-6, abs=1e-15)
+
+
+def test_auto_schedule_doubles_up_to_the_cap() -> None:
+    assert auto_schedule(512) == [16, 32, 64, 128, 256, 512]
+    assert auto_schedule(100) == [16, 32, 64, 100]
+    assert auto_schedule(8) == [8]
+
+
+@pytest.mark.parametrize("builder", [tiny_gpt2, tiny_llama])
+def test_auto_steps_reach_one_percent(builder) -> None:
+    model = builder(dtype=F64)
+    a = attribute(model, PROMPTS, Target(foil="cat"), method="integrated_gradients")
+    delta = a.meta["explained_value"] - a.meta["baseline_value"]
+    gap = delta - a.scores.sum(-1)
+    assert torch.allclose(gap, a.meta["completeness_gap"])
+    assert torch.all(gap.abs() <= 0.01 * delta.abs())
+    assert all(16 <= n <= 512 for n in a.meta["n_steps"])
+
+
+def test_unconverged_items_are_named_in_a_warning() -> None:
+    model = tiny_llama(dtype=F64)
+    with pytest.warns(UserWarning, match=r"did not converge.*item 0: gap"):
+        attribute(model, PROMPTS[:1], method="integrated_gradients", tolerance=1e-12, max_steps=2)
+
+
+def test_bos_less_prompt_attributes_every_real_token() -> None:
+    model = tiny_llama(dtype=F64)
+    ids = _ids_without_bos(model, PROMPTS[1])
+    a = attribute(model, ids, method="integrated_gradients")
+    assert a.meta["prepended_sink"] == [True]
+    assert a.scores.shape == ids.shape and len(a.tokens[0]) == ids.shape[1]
+    assert torch.all(a.scores[0] != 0)  # the first real token included
+    delta = a.meta["explained_value"] - a.meta["baseline_value"]
+    assert torch.all((delta - a.scores.sum(-1)).abs() <= 0.01 * delta.abs())
+    with_sink = torch.cat([torch.tensor([[sink_token_id(model)]]), ids], 1)
+    with torch.no_grad():
+        logits = model(with_sink)[0, -1]
+        logits_in = model(ids)[0, -1]
+    y = int(a.target.token_ids[0])
+    assert float(a.meta["explained_value"][0]) == pytest.approx(float(logits[y]), rel=1e-10)
+    assert float(a.meta["input_value"][0]) == pytest.approx(float(logits_in[y]), rel=1e-10)
+    old = attribute(model, ids, method="integrated_gradients", keep_sink=True)
+    assert old.meta["prepended_sink"] == [False] and old.scores[0, 0] == 0
+    with_bos = attribute(model, PROMPTS[1], method="integrated_gradients")  # BOS: no prepending
+    assert with_bos.meta["prepended_sink"] == [False] and with_bos.scores[0, 0] == 0
+
+
+def test_batched_equals_unbatched_with_padding_and_a_prepended_sink() -> None:
+    model = tiny_llama(dtype=F64)
+    rows = [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in PROMPTS]
+    length = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (length - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (length - len(r)) + [1] * len(r) for r in rows])
+    batched = attribute(model, ids, attention_mask=mask, method="integrated_gradients")
+    for i, row in enumerate(rows):
+        alone = attribute(model, torch.tensor([row]), method="integrated_gradients")
+        assert batched.meta["n_steps"][i] == alone.meta["n_steps"][0]
+        diff = (batched.item_scores(i) - alone.item_scores(0)).abs().max()
+        assert float(diff) <= 1e-10 * float(alone.item_scores(0).abs().max())
+
+
+def test_smollm2_first_token_of_a_bos_less_anaphora_prompt(smollm2) -> None:
+    torch.set_num_threads(1)
+    target = Target(" herself", foil=" himself")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = attribute(smollm2, "Tamara thinks about", target, method="integrated_gradients")
+    assert a.meta["prepended_sink"] == [True]
+    assert a.tokens[0][0] == "Tam" and a.scores[0, 0] != 0
+    delta = a.meta["explained_value"] - a.meta["baseline_value"]
+    assert torch.all(a.meta["completeness_gap"].abs() <= 0.01 * delta.abs())
