@@ -11,12 +11,12 @@ argmax at the last token; 8 prompts per BOS setting also as target − runner-up
 (80 items). Error of an item: ``max_i |R_lib − R_ref| / max_i |R_ref|``, asserted ≤ 1e-6.
 
 Integrated Gradients (50 steps, pad-token baseline with the first position kept) is tested on
-prompts 0 and 4, with and without BOS and with and without a foil (8 items: 50 float64 passes
-per item are slow on the CPU); the fixture holds 22 IG rows. Captum's ``riemann_trapezoid``
+prompt 0, with and without BOS and with and without a foil (4 items per quadrature: 50 float64
+passes per item are slow on the CPU); the fixture holds 22 IG rows. Captum's ``riemann_trapezoid``
 uses the nodes ``k/(n−1)`` of the library's ``rule="trapezoid"`` with weights ``1/n`` (ends
 halved) instead of ``1/(n−1)``, so ``R_captum = (n−1)/n · R_lib`` exactly; Captum also rounds
 its weights to float32, which leaves a uniform relative difference of 2.2e-8.
-The Gauss–Legendre oracle is stored but not tested (the library has no such rule yet).
+Gauss–Legendre (Captum's default) is tested the same way against ``rule="gausslegendre"``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "lxt_captum_smollm2" / "oracle.np
 TOLERANCE = 1e-6
 N_STEPS = 50
 PAD_ID = 2
-IG_TESTED_PROMPTS = (0, 4)
+IG_TESTED_PROMPTS = (0,)
 BATCH = 16  # items per attribution call (memory)
 ORACLE_OF = {
     "attnlrp": "lxt_attnlrp",
@@ -152,3 +152,25 @@ def test_integrated_gradients_equals_captum_trapezoid(smollm2_f64, oracle) -> No
         assert float(a.meta["baseline_value"][0]) == pytest.approx(
             float(oracle["ig_baseline_value"][row]), rel=TOLERANCE, abs=TOLERANCE
         )
+
+
+def test_integrated_gradients_equals_captum_gauss_legendre(smollm2_f64, oracle) -> None:
+    rows = np.flatnonzero(np.isin(oracle["prompt_index"], IG_TESTED_PROMPTS)).tolist()
+    assert rows and not np.isnan(oracle["captum_ig_gausslegendre"][rows, 0]).any()
+    for row in rows:
+        ids = item_ids(oracle, row)
+        foil = int(oracle["foil"][row])
+        a = attribute(
+            smollm2_f64,
+            [ids],
+            Target(token=int(oracle["target"][row]), foil=foil if foil >= 0 else None),
+            method="integrated_gradients",
+            baseline=ig_baseline(smollm2_f64, ids),
+            rule="gausslegendre",
+            n_steps=N_STEPS,
+        )
+        error = relative_error(
+            a.scores[0].detach().cpu(), item_reference(oracle, "captum_ig_gausslegendre", row)
+        )
+        print(f"integrated_gradients (Gauss–Legendre) row {row}: relative error {error:.3g}")
+        assert error <= TOLERANCE, row
