@@ -11,8 +11,9 @@ Configurations:
 
 - ``before``: ``rule="trapezoid", n_steps=50, keep_sink=True`` (the defaults before issue 14:
   the first real token is frozen on the path and gets no relevance),
-- ``after``: the defaults (Gauss–Legendre, ``n_steps="auto"``, only special tokens kept, a sink
-  token prepended where the prompt has none).
+- ``after``: the defaults (Gauss–Legendre, ``n_steps="auto"``, first real token kept),
+- ``special``: the defaults with ``keep_sink="special"`` (only special tokens kept, a sink token
+  prepended where the prompt has none: every real token attributed).
 
 Reports per configuration and task the median relative completeness gap
 ``|f(x) − f(b) − Σ_i R_i| / |f(x) − f(b)|``, the share of items with a gap ≤ 1 %, the median
@@ -36,6 +37,7 @@ import torch
 CONFIGS: dict[str, dict[str, Any]] = {
     "before": {"rule": "trapezoid", "n_steps": 50, "keep_sink": True},
     "after": {},
+    "special": {"keep_sink": "special"},
 }
 
 

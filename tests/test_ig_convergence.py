@@ -65,7 +65,7 @@ def test_unconverged_items_are_named_in_a_warning() -> None:
 def test_bos_less_prompt_attributes_every_real_token() -> None:
     model = tiny_llama(dtype=F64)
     ids = _ids_without_bos(model, PROMPTS[1])
-    a = attribute(model, ids, method="integrated_gradients")
+    a = attribute(model, ids, method="integrated_gradients", keep_sink="special")
     assert a.meta["prepended_sink"] == [True]
     assert a.scores.shape == ids.shape and len(a.tokens[0]) == ids.shape[1]
     assert torch.all(a.scores[0] != 0)  # the first real token included
@@ -78,9 +78,9 @@ def test_bos_less_prompt_attributes_every_real_token() -> None:
     y = int(a.target.token_ids[0])
     assert float(a.meta["explained_value"][0]) == pytest.approx(float(logits[y]), rel=1e-10)
     assert float(a.meta["input_value"][0]) == pytest.approx(float(logits_in[y]), rel=1e-10)
-    old = attribute(model, ids, method="integrated_gradients", keep_sink=True)
+    old = attribute(model, ids, method="integrated_gradients")  # default keep_sink=True
     assert old.meta["prepended_sink"] == [False] and old.scores[0, 0] == 0
-    with_bos = attribute(model, PROMPTS[1], method="integrated_gradients")  # BOS: no prepending
+    with_bos = attribute(model, PROMPTS[1], method="integrated_gradients", keep_sink="special")
     assert with_bos.meta["prepended_sink"] == [False] and with_bos.scores[0, 0] == 0
 
 
@@ -90,9 +90,13 @@ def test_batched_equals_unbatched_with_padding_and_a_prepended_sink() -> None:
     length = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (length - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (length - len(r)) + [1] * len(r) for r in rows])
-    batched = attribute(model, ids, attention_mask=mask, method="integrated_gradients")
+    batched = attribute(
+        model, ids, attention_mask=mask, method="integrated_gradients", keep_sink="special"
+    )
     for i, row in enumerate(rows):
-        alone = attribute(model, torch.tensor([row]), method="integrated_gradients")
+        alone = attribute(
+            model, torch.tensor([row]), method="integrated_gradients", keep_sink="special"
+        )
         assert batched.meta["n_steps"][i] == alone.meta["n_steps"][0]
         diff = (batched.item_scores(i) - alone.item_scores(0)).abs().max()
         assert float(diff) <= 1e-10 * float(alone.item_scores(0).abs().max())
@@ -103,7 +107,13 @@ def test_smollm2_first_token_of_a_bos_less_anaphora_prompt(smollm2) -> None:
     target = Target(" herself", foil=" himself")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = attribute(smollm2, "Tamara thinks about", target, method="integrated_gradients")
+        a = attribute(
+            smollm2,
+            "Tamara thinks about",
+            target,
+            method="integrated_gradients",
+            keep_sink="special",
+        )
     assert a.meta["prepended_sink"] == [True]
     assert a.tokens[0][0] == "Tam" and a.scores[0, 0] != 0
     delta = a.meta["explained_value"] - a.meta["baseline_value"]
