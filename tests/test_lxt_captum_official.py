@@ -127,11 +127,19 @@ def ig_baseline(model: Any, ids: list[int]) -> torch.Tensor:
     return base[None]
 
 
-def test_integrated_gradients_equals_captum_trapezoid(smollm2_f64, oracle) -> None:
-    tested = np.isin(oracle["prompt_index"], IG_TESTED_PROMPTS)
-    rows = np.flatnonzero(tested).tolist()
-    assert rows and not np.isnan(oracle["captum_ig_trapezoid"][rows, 0]).any()
-    captum_weight_ratio = (N_STEPS - 1) / N_STEPS
+@pytest.mark.parametrize(
+    ("rule", "reference", "captum_weight_ratio"),
+    [
+        # Captum's riemann_trapezoid: the library's nodes with weights summing to (n−1)/n
+        ("trapezoid", "captum_ig_trapezoid", (N_STEPS - 1) / N_STEPS),
+        ("gausslegendre", "captum_ig_gausslegendre", 1.0),  # Captum's default
+    ],
+)
+def test_integrated_gradients_equals_captum(
+    smollm2_f64, oracle, rule, reference, captum_weight_ratio
+) -> None:
+    rows = np.flatnonzero(np.isin(oracle["prompt_index"], IG_TESTED_PROMPTS)).tolist()
+    assert rows and not np.isnan(oracle[reference][rows, 0]).any()
     for row in rows:
         ids = item_ids(oracle, row)
         foil = int(oracle["foil"][row])
@@ -141,36 +149,13 @@ def test_integrated_gradients_equals_captum_trapezoid(smollm2_f64, oracle) -> No
             Target(token=int(oracle["target"][row]), foil=foil if foil >= 0 else None),
             method="integrated_gradients",
             baseline=ig_baseline(smollm2_f64, ids),
-            rule="trapezoid",
+            rule=rule,
             n_steps=N_STEPS,
         )
         got = a.scores[0].detach().cpu() * captum_weight_ratio
-        want = item_reference(oracle, "captum_ig_trapezoid", row)
-        error = relative_error(got, want)
-        print(f"integrated_gradients row {row}: relative error {error:.3g}")
+        error = relative_error(got, item_reference(oracle, reference, row))
+        print(f"integrated_gradients ({rule}) row {row}: relative error {error:.3g}")
         assert error <= TOLERANCE, row
         assert float(a.meta["baseline_value"][0]) == pytest.approx(
             float(oracle["ig_baseline_value"][row]), rel=TOLERANCE, abs=TOLERANCE
         )
-
-
-def test_integrated_gradients_equals_captum_gauss_legendre(smollm2_f64, oracle) -> None:
-    rows = np.flatnonzero(np.isin(oracle["prompt_index"], IG_TESTED_PROMPTS)).tolist()
-    assert rows and not np.isnan(oracle["captum_ig_gausslegendre"][rows, 0]).any()
-    for row in rows:
-        ids = item_ids(oracle, row)
-        foil = int(oracle["foil"][row])
-        a = attribute(
-            smollm2_f64,
-            [ids],
-            Target(token=int(oracle["target"][row]), foil=foil if foil >= 0 else None),
-            method="integrated_gradients",
-            baseline=ig_baseline(smollm2_f64, ids),
-            rule="gausslegendre",
-            n_steps=N_STEPS,
-        )
-        error = relative_error(
-            a.scores[0].detach().cpu(), item_reference(oracle, "captum_ig_gausslegendre", row)
-        )
-        print(f"integrated_gradients (Gauss–Legendre) row {row}: relative error {error:.3g}")
-        assert error <= TOLERANCE, row

@@ -21,7 +21,7 @@ from lens_attrib.backend import attn_hook
 from lens_attrib.forward import run, target_rows
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.propagation import trace_rows
-from lens_attrib.methods.registry import MethodOutput, Option, register
+from lens_attrib.methods.registry import MethodOutput, Option, integer, register
 from lens_attrib.target import Target
 
 
@@ -44,16 +44,12 @@ def rollout_matrix(
     return torch.where(mask[:, :, None], a, eye)
 
 
-def _layer_check(value: Any) -> str | None:
-    return None if isinstance(value, int) and not isinstance(value, bool) else "a layer index"
-
-
 @register(
     "attention",
     label="Attention",
     target_free=True,
     needs_head=False,
-    options={"layer": Option(-1, check=_layer_check, help="which layer (default: the last)")},
+    options={"layer": Option(-1, check=integer, help="which layer (default: the last)")},
 )
 def attention(model: Any, batch: Batch, target: Target, *, layer: int) -> MethodOutput:
     """Raw attention of ``layer`` (default: last), averaged over heads, at the target row."""

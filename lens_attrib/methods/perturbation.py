@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from lens_attrib.forward import resid_of, run, target_rows
 from lens_attrib.hooks.masking import value_zeroing_hooks
 from lens_attrib.inputs import Batch
-from lens_attrib.methods.registry import MethodOutput, Option, positive_int, register
+from lens_attrib.methods.registry import MethodOutput, Option, integer, positive_int, register
 from lens_attrib.target import Target
 
 
@@ -68,16 +68,12 @@ def item_seed(seed: int, ids: list[int]) -> int:
     return (seed * 1_000_003 + zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes())) % (2**63)
 
 
-def _int_check(value: Any) -> str | None:
-    return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
-
-
 @register(
     "random",
     label="Random",
     target_free=True,
     needs_head=False,
-    options={"seed": Option(0, check=_int_check)},
+    options={"seed": Option(0, check=integer)},
 )
 def random(model: Any, batch: Batch, target: Target, *, seed: int) -> MethodOutput:
     """Uniform random relevances on real tokens (a chance baseline for evaluations)."""

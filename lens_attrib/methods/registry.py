@@ -78,6 +78,10 @@ def positive_int(value: Any) -> str | None:
     return None if ok else "a positive integer"
 
 
+def integer(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+
+
 def is_bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else "True or False"
 
@@ -192,19 +196,9 @@ def register(
         spec = MethodSpec(name, core, label, summary=doc.split("\n", 1)[0], options=opts, **facts)
         METHODS[name] = spec
 
-        @functools.wraps(core)
-        def public(
-            model: Any,
-            inputs: Any,
-            target: Target | None = None,
-            *,
-            attention_mask: Any = None,
-            **options: Any,
-        ) -> Attribution:
-            return run_method(spec, model, inputs, target, attention_mask=attention_mask, **options)
-
+        public = functools.wraps(core)(functools.partial(run_method, spec))
         public.spec = spec  # type: ignore[attr-defined]
-        return public
+        return public  # type: ignore[return-value]
 
     return wrap
 
@@ -434,6 +428,7 @@ __all__ = [
     "Option",
     "attribute",
     "check_finite",
+    "integer",
     "is_bool",
     "package",
     "positive_int",
