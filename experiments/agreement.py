@@ -54,8 +54,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from experiments.common import (
     base_parser,
     format_table,
@@ -78,7 +76,7 @@ from lens_attrib.data import (
 )
 from lens_attrib.evaluation.plausibility import degenerate, plausibility
 from lens_attrib.evaluation.records import summarize as summarize_records
-from lens_attrib.hooks.guard import model_guard
+from lens_attrib.forward import head_outputs
 from lens_attrib.inputs import to_batch
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
@@ -219,14 +217,7 @@ def prepare_plain(
         ids = tok(it.target, add_special_tokens=False)["input_ids"] if it.target else []
         if len(ids) == 1 and it.evidence_words:
             rows.append((it, int(ids[0])))
-    correct: list[bool] = []
-    with model_guard(model), torch.no_grad():
-        for start in range(0, len(rows), 8):
-            chunk = rows[start : start + 8]
-            batch = to_batch(model, [text + it.prompt for it, _ in chunk])
-            logits = model(batch.tokens, **batch.model_kwargs())
-            last = logits[torch.arange(len(chunk)), batch.last_real.to(logits.device)]
-            correct += [int(p) == a for p, (_, a) in zip(last.argmax(-1).tolist(), chunk)]
+    correct = predicted(model, [text + it.prompt for it, _ in rows], [a for _, a in rows])
     kept = [r for r, ok in zip(rows, correct) if ok][:n]
     return Prepared(
         prompts=[text + it.prompt for it, _ in kept],
@@ -254,6 +245,16 @@ def prepare_items(
     )
 
 
+def predicted(model: Any, prompts: Sequence[str], answers: Sequence[int]) -> list[bool]:
+    """Whether the model's argmax at each prompt's last token is its answer (the head is
+    applied at that row only, through the forward engine)."""
+    if not prompts:
+        return []
+    batch = to_batch(model, list(prompts))
+    logits = head_outputs(model, batch.tokens, batch.mask, batch.last_real, max_batch=8)
+    return [int(p) == a for p, a in zip(logits.argmax(-1).tolist(), answers)]
+
+
 def answer_positions(
     model: Any, prompt: str, spans: Sequence[tuple[int, int]], shift: int
 ) -> list[int]:
@@ -279,14 +280,7 @@ def prepare_qa(
         rows.append((it, int(answer[0])))
         if len(rows) >= n_scored:
             break
-    correct: list[bool] = []
-    with model_guard(model), torch.no_grad():
-        for start in range(0, len(rows), 4):
-            chunk = rows[start : start + 4]
-            batch = to_batch(model, [text + it.prompt for it, _ in chunk])
-            logits = model(batch.tokens, **batch.model_kwargs())
-            last = logits[torch.arange(len(chunk)), batch.last_real.to(logits.device)]
-            correct += [int(p) == a for p, (_, a) in zip(last.argmax(-1).tolist(), chunk)]
+    correct = predicted(model, [text + it.prompt for it, _ in rows], [a for _, a in rows])
     kept = [r for r, ok in zip(rows, correct) if ok][:n]
     return Prepared(
         prompts=[text + it.prompt for it, _ in kept],

@@ -314,7 +314,8 @@ def processing_signatures(model: Any, arch: Arch) -> list[str]:
 def _centred(weight: Tensor) -> bool:
     """Every row of ``weight`` sums to ~0 over its last axis (relative to its scale)."""
     scale = float(weight.abs().max())
-    return scale > 0 and float(weight.double().mean(-1).abs().max()) <= 1e-6 * scale
+    mean = weight.mean(-1, dtype=torch.float64)  # accumulates in float64 without a copy
+    return scale > 0 and float(mean.abs().max()) <= 1e-6 * scale
 
 
 def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instead: str | None):

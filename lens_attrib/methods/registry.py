@@ -330,12 +330,25 @@ def package(
 
 
 _WARNED_PROCESSED: weakref.WeakSet[Any] = weakref.WeakSet()
+_CHECKED: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], ...]] = weakref.WeakKeyDictionary()
+
+
+def _weights_version(model: Any) -> tuple[tuple[int, int], ...]:
+    """Storage and in-place version of every parameter: changes when the weights change."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 def warn_if_processed(model: Any, arch: Arch) -> None:
-    """Warn once per model when its weights were processed by TransformerLens."""
+    """Warn once per model when its weights were processed by TransformerLens.
+
+    The weights are read once per weight version, not on every call.
+    """
     if model in _WARNED_PROCESSED:
         return
+    version = _weights_version(model)
+    if _CHECKED.get(model) == version:
+        return
+    _CHECKED[model] = version
     found = processing_signatures(model, arch)
     if not found:
         return
