@@ -11,9 +11,11 @@ Configurations:
 
 - ``before``: ``rule="trapezoid", n_steps=50, keep_sink=True`` (the defaults before issue 14:
   the first real token is frozen on the path and gets no relevance),
-- ``after``: the defaults (Gauss–Legendre, ``n_steps="auto"``, first real token kept),
-- ``special``: the defaults with ``keep_sink="special"`` (only special tokens kept, a sink token
-  prepended where the prompt has none: every real token attributed).
+- ``after``: the defaults (Gauss–Legendre, ``n_steps="auto"`` with adaptive panels,
+  ``keep_sink="special"``: only special tokens kept, a sink token prepended where the prompt
+  has none, so every real token is attributed),
+- ``first_fixed``: the defaults with ``keep_sink=True`` (the first real token also kept fixed
+  and unattributed: a smoother path).
 
 Reports per configuration and task the median relative completeness gap
 ``|f(x) − f(b) − Σ_i R_i| / |f(x) − f(b)|``, the share of items with a gap ≤ 1 %, the median
@@ -37,7 +39,7 @@ import torch
 CONFIGS: dict[str, dict[str, Any]] = {
     "before": {"rule": "trapezoid", "n_steps": 50, "keep_sink": True},
     "after": {},
-    "special": {"keep_sink": "special"},
+    "first_fixed": {"keep_sink": True},
 }
 
 

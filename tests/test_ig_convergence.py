@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-from lens_attrib.methods.gradient import auto_schedule, quadrature, sink_token_id
+from lens_attrib.methods.gradient import quadrature, sink_token_id
+from lens_attrib.methods.path_quadrature import adaptive_quadrature
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import Target
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
@@ -39,10 +40,72 @@ def test_gauss_legendre_is_exact_up_to_degree_2n_minus_1(n) -> None:
     assert 1 / (2 * n + 1) - too_high == pytest.approx(expected, rel=1e-6, abs=1e-15)
 
 
-def test_auto_schedule_doubles_up_to_the_cap() -> None:
-    assert auto_schedule(512) == [16, 32, 64, 128, 256, 512]
-    assert auto_schedule(100) == [16, 32, 64, 100]
-    assert auto_schedule(8) == [8]
+def _steep_path(sharpness: float):
+    """Two 'tokens' whose integrands are logistic steps at α = 0.3 and 0.71 (closed-form f)."""
+    centres = torch.tensor([0.3, 0.71], dtype=F64)
+    heights = torch.tensor([2.0, -0.5], dtype=F64)
+
+    def f_parts(alphas):
+        return heights * torch.sigmoid(sharpness * (alphas[:, None] - centres))
+
+    def node_scores(alphas):
+        s = torch.sigmoid(sharpness * (alphas[:, None] - centres))
+        return heights * sharpness * s * (1 - s)
+
+    return f_parts, node_scores
+
+
+@pytest.mark.parametrize("sharpness", [5.0, 300.0, 3000.0])
+def test_adaptive_panels_integrate_steep_steps_to_the_tolerance(sharpness) -> None:
+    f_parts, node_scores = _steep_path(sharpness)
+    exact = (f_parts(torch.ones(1, dtype=F64)) - f_parts(torch.zeros(1, dtype=F64)))[0]
+    a0, w0 = quadrature(8, "gausslegendre")
+    calls = []
+
+    def values(alphas):
+        calls.append(len(alphas))
+        return f_parts(alphas).sum(-1)
+
+    result = adaptive_quadrature(
+        node_scores,
+        values,
+        float(f_parts(torch.zeros(1, dtype=F64)).sum()),
+        float(f_parts(torch.ones(1, dtype=F64)).sum()),
+        alphas=torch.tensor(a0, dtype=F64),
+        weights=torch.tensor(w0, dtype=F64),
+        tolerance=1e-3,
+        max_points=4096,
+    )
+    delta = float(exact.sum())
+    assert abs(result.gap) <= 1e-3 * abs(delta)
+    assert result.gap == pytest.approx(delta - float(result.scores.sum()), abs=1e-12)
+    # per token, not only in sum: each step is integrated to the same order
+    assert torch.allclose(result.scores, exact, rtol=0, atol=2e-3 * abs(delta))
+    assert result.n_points <= 4096 and result.n_points % 8 == 0
+    assert result.edges[0] == 0.0 and result.edges[-1] == 1.0
+    assert all(lo < hi for lo, hi in zip(result.edges, result.edges[1:]))
+    if sharpness == 5.0:  # smooth: the first two panels already converge
+        assert result.n_points == 16 and sum(calls) == 1
+    else:  # the panels around the steps get bisected, the rest stays coarse
+        widths = [hi - lo for lo, hi in zip(result.edges, result.edges[1:])]
+        assert min(widths) < 0.05 and max(widths) >= 0.25
+
+
+def test_adaptive_panels_stop_at_the_evaluation_cap() -> None:
+    f_parts, node_scores = _steep_path(3000.0)
+    a0, w0 = quadrature(8, "gausslegendre")
+    result = adaptive_quadrature(
+        node_scores,
+        lambda a: f_parts(a).sum(-1),
+        float(f_parts(torch.zeros(1, dtype=F64)).sum()),
+        float(f_parts(torch.ones(1, dtype=F64)).sum()),
+        alphas=torch.tensor(a0, dtype=F64),
+        weights=torch.tensor(w0, dtype=F64),
+        tolerance=1e-12,
+        max_points=64,
+    )
+    assert result.n_points <= 64
+    assert abs(result.gap) > 0
 
 
 @pytest.mark.parametrize("builder", [tiny_gpt2, tiny_llama])
@@ -53,7 +116,8 @@ def test_auto_steps_reach_one_percent(builder) -> None:
     gap = delta - a.scores.sum(-1)
     assert torch.allclose(gap, a.meta["completeness_gap"])
     assert torch.all(gap.abs() <= 0.01 * delta.abs())
-    assert all(16 <= n <= 512 for n in a.meta["n_steps"])
+    assert all(16 <= n <= 1024 for n in a.meta["n_steps"])
+    assert all(p >= 2 for p in a.meta["panels"])
 
 
 def test_unconverged_items_are_named_in_a_warning() -> None:
@@ -65,7 +129,8 @@ def test_unconverged_items_are_named_in_a_warning() -> None:
 def test_bos_less_prompt_attributes_every_real_token() -> None:
     model = tiny_llama(dtype=F64)
     ids = _ids_without_bos(model, PROMPTS[1])
-    a = attribute(model, ids, method="integrated_gradients", keep_sink="special")
+    a = attribute(model, ids, method="integrated_gradients")  # default keep_sink="special"
+    assert a.meta["options"]["keep_sink"] == "special"
     assert a.meta["prepended_sink"] == [True]
     assert a.scores.shape == ids.shape and len(a.tokens[0]) == ids.shape[1]
     assert torch.all(a.scores[0] != 0)  # the first real token included
@@ -78,7 +143,7 @@ def test_bos_less_prompt_attributes_every_real_token() -> None:
     y = int(a.target.token_ids[0])
     assert float(a.meta["explained_value"][0]) == pytest.approx(float(logits[y]), rel=1e-10)
     assert float(a.meta["input_value"][0]) == pytest.approx(float(logits_in[y]), rel=1e-10)
-    old = attribute(model, ids, method="integrated_gradients")  # default keep_sink=True
+    old = attribute(model, ids, method="integrated_gradients", keep_sink=True)
     assert old.meta["prepended_sink"] == [False] and old.scores[0, 0] == 0
     with_bos = attribute(model, PROMPTS[1], method="integrated_gradients", keep_sink="special")
     assert with_bos.meta["prepended_sink"] == [False] and with_bos.scores[0, 0] == 0
@@ -107,13 +172,7 @@ def test_smollm2_first_token_of_a_bos_less_anaphora_prompt(smollm2) -> None:
     target = Target(" herself", foil=" himself")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = attribute(
-            smollm2,
-            "Tamara thinks about",
-            target,
-            method="integrated_gradients",
-            keep_sink="special",
-        )
+        a = attribute(smollm2, "Tamara thinks about", target, method="integrated_gradients")
     assert a.meta["prepended_sink"] == [True]
     assert a.tokens[0][0] == "Tam" and a.scores[0, 0] != 0
     delta = a.meta["explained_value"] - a.meta["baseline_value"]
