@@ -255,3 +255,11 @@ def test_decompx_rejects_heads_and_hooks_it_cannot_follow(bert):
     with bert.hooks(fwd_hooks=[("blocks.1.hook_mlp_out", steer)]):
         with pytest.raises(ModelError, match="does not follow"):
             attribute(bert, "the dog", method="decompx")
+
+
+@pytest.mark.parametrize("method", ["decompx", "globenc"])
+def test_bf16_models_are_decomposed_in_float32(method):
+    model = tiny_bert(dtype=torch.bfloat16)
+    attr = attribute(model, PROMPTS, Target(position=0), method=method)
+    assert attr.meta["upcast_to"] == "torch.float32"
+    assert bool(torch.isfinite(attr.scores).all()) and float(attr.scores.abs().max()) > 0

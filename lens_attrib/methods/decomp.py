@@ -101,6 +101,7 @@ class EncoderActs:
     """Per-layer activations of one forward (after the user's hooks), in the work dtype."""
 
     dtype: torch.dtype
+    model_dtype: torch.dtype
     acts: dict[tuple[int, str], Tensor] = field(default_factory=dict)
 
     def hooks(self, n_layers: int, mlp: bool) -> list[tuple[str, Callable[..., None]]]:
@@ -132,7 +133,7 @@ class EncoderActs:
 
 
 def record(model: Any, batch: Batch, target: Target, *, mlp: bool) -> tuple[Forward, EncoderActs]:
-    acts = EncoderActs(batch.arch.work_dtype)
+    acts = EncoderActs(batch.arch.work_dtype, batch.arch.dtype)
     result = run(
         model,
         batch,
@@ -365,7 +366,8 @@ def decompose_item(
         vectors = decompose_layer(
             weights, acts, layer, b, idx, vectors, rows, rule, chunk_size, first=layer == 0
         )
-        check_sum(vectors, acts.item(layer, "normalized_resid_post", b, idx)[rows], layer)
+        real = acts.item(layer, "normalized_resid_post", b, idx)[rows]
+        check_sum(vectors, real, layer, acts.model_dtype)
         out.rows.append(rows)
         if keep:
             out.layers.append(vectors)
@@ -413,9 +415,14 @@ def decompose_layer(
     return layer_norm_split(ln1 + ffn, acts.item(layer, "ln2_scale", b, idx)[rows], w.ln2, rule)
 
 
-def check_sum(vectors: Tensor, real: Tensor, layer: int) -> None:
+#: Relative tolerance of the decomposition's sum against the real output, by model dtype (the
+#: real output carries the model's rounding; a hook that changes activations misses by far more).
+SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 2e-3}
+
+
+def check_sum(vectors: Tensor, real: Tensor, layer: int, model_dtype: torch.dtype) -> None:
     """Raise when the decomposition does not sum to the real layer output (a user hook)."""
-    tol = 1e-6 if vectors.dtype == torch.float64 else 2e-3
+    tol = SUM_TOLERANCE.get(model_dtype, 0.1)  # bf16 / fp16
     err = float((vectors.sum(1) - real).abs().max())
     if err > tol * (1.0 + float(real.abs().max())):
         raise ModelError(
