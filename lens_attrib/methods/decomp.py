@@ -514,7 +514,10 @@ def decompx(
         scores[b, idx] = contrib[:-1]
         bias[b] = contrib[-1]
     parts = {"bias": bias}
-    meta: dict[str, Any] = {"target_position_only": result.position_only}
+    meta: dict[str, Any] = {
+        "target_position_only": result.position_only,
+        "through": "ℓ2 norms" if modules is None else "→".join(type(m).__name__ for m in modules),
+    }
     if result.value is not None and modules is not None:
         parts["logit"] = result.value.detach().to(dtype)
         meta["explained_value"] = result.value.detach().cpu()
