@@ -48,6 +48,13 @@ authors' ``tanh_approx_type="ZO"``); ``scores[s] = C[s, y] − C[s, y']``, and `
 parts["bias"]`` is the explained logit (difference). Without a head (``Target(head=None)``)
 ``scores[s] = ‖X_L[t, s]‖₂``, as the NormXLogit paper does for STS-B.
 
+The explained position ``t`` is the Target's (default: the last real token, ``[SEP]``, like
+``alti`` and ``rollout``); BERT's pooler reads ``[CLS]``, so pass ``Target(..., position=0)`` to
+explain a pooler head as the authors do. Departures from the authors' code: the zero-origin slope
+is ``g(h)/h`` (theirs ``g(h)/(h + 10⁻¹²)``) and the absdot shares are ``w_s / Σ w`` (theirs
+``w_s / (Σ w + 10⁻¹²)``; a bias no token vector overlaps stays in ``⊥``), so that the
+decomposition sums to the real activations exactly (the fixture agrees to float32 rounding).
+
 The decomposition needs ``O(T² · d)`` memory per item (``[pos, src, d_model]``) and
 ``O(T² · d · d_mlp)`` time per layer; the FFN runs in chunks of ``chunk_size`` rows. Items are
 decomposed one at a time over their real tokens only (padding never enters). Hooks that change
