@@ -263,3 +263,11 @@ def test_bf16_models_are_decomposed_in_float32(method):
     attr = attribute(model, PROMPTS, Target(position=0), method=method)
     assert attr.meta["upcast_to"] == "torch.float32"
     assert bool(torch.isfinite(attr.scores).all()) and float(attr.scores.abs().max()) > 0
+
+
+@pytest.mark.parametrize(("method", "chunk"), [("decompx", 1), ("globenc", 2)])
+def test_chunking_does_not_change_the_result(bert, method, chunk):
+    target = Target(1, head=_linear(32), position=0) if method == "decompx" else None
+    whole = attribute(bert, PROMPTS, target, method=method)
+    chunked = attribute(bert, PROMPTS, target, method=method, chunk_size=chunk)
+    torch.testing.assert_close(chunked.scores, whole.scores, rtol=1e-12, atol=1e-14)

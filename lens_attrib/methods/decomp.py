@@ -233,13 +233,14 @@ def globenc(
     result, acts = record(model, batch, target, mlp=False)
     positions = result.resolved.positions
     dtype = batch.arch.work_dtype
-    layer_scores = torch.zeros(batch.size, n_layers, batch.length, dtype=dtype)
+    device = batch.mask.device
+    layer_scores = torch.zeros(batch.size, n_layers, batch.length, dtype=dtype, device=device)
     for b in range(batch.size):
         idx = real_positions(batch, b)
         mats = [globenc_matrix(model, acts, layer, b, idx, chunk_size) for layer in range(n_layers)]
         if normalize:
             mats = [row_normalize(m) for m in mats]
-        rows = torch.zeros(1, n_layers, len(idx), dtype=dtype)
+        rows = torch.zeros(1, n_layers, len(idx), dtype=dtype, device=device)
         rows[0, :, local_index(idx, positions[b])] = 1.0
         if rollout:
             traced = trace_rows(
@@ -365,11 +366,12 @@ def decompose_item(
     x0 = acts.item(0, "resid_pre", b, idx)
     n, d = x0.shape
     vectors = torch.zeros(n, n + 1, d, dtype=dtype, device=x0.device)
-    vectors[torch.arange(n), torch.arange(n)] = x0
+    diag = torch.arange(n, device=x0.device)
+    vectors[diag, diag] = x0
     out = ItemDecomposition(idx, [])
     for layer in range(n_layers):
         weights = layer_weights(model.blocks[layer], dtype)
-        rows = torch.arange(n) if last_rows is None or layer < n_layers - 1 else last_rows
+        rows = diag if last_rows is None or layer < n_layers - 1 else last_rows
         vectors = decompose_layer(
             weights, acts, layer, b, idx, vectors, rows, rule, chunk_size, first=layer == 0
         )
@@ -506,11 +508,12 @@ def decompx(
     result, acts = record(model, batch, target, mlp=True)
     positions = result.resolved.positions
     dtype = batch.arch.work_dtype
-    scores = torch.zeros(batch.size, batch.length, dtype=dtype)
-    bias = torch.zeros(batch.size, dtype=dtype)
+    device = batch.mask.device
+    scores = torch.zeros(batch.size, batch.length, dtype=dtype, device=device)
+    bias = torch.zeros(batch.size, dtype=dtype, device=device)
     for b in range(batch.size):
         idx = real_positions(batch, b)
-        t = torch.tensor([local_index(idx, positions[b])])
+        t = torch.tensor([local_index(idx, positions[b])], device=device)
         final = decompose_item(model, acts, b, idx, t, rule, chunk_size).layers[-1][0]
         if modules is None:
             contrib = torch.linalg.vector_norm(final, dim=-1)
