@@ -16,7 +16,9 @@ Methods (one row per layer; layer 0 is the embedding, layer ``l ≥ 1`` the resi
 ``l``): NormXLogit, LogAt read at the target word, at the foil word and at the word ``" plural"``
 (the paper's probe of a number direction), per-layer ALTI-Logit (``alti_logit``'s per-block logit
 contributions traced to tokens), the embedding norm (layer 0 only) and random scores (the same at
-every layer).
+every layer). For encoders (``--methods``, not in the default list): GlobEnc and ALTI rolled out
+(``globenc``, ``alti``) and per layer without rollout (``globenc_layer``, ``alti_layer``: the
+paper's GlobEnc¬ and ALTI¬).
 
     python -m experiments.blimp_alignment --model smollm2-135m --n 10 --out results/blimp_alignment
 """
@@ -58,6 +60,8 @@ METHODS = (
     "embed_norm",
     "random",
 )
+#: Per-layer methods for encoders (accepted by ``--methods``; ``_layer``: without rollout).
+ENCODER_METHODS = ("globenc", "globenc_layer", "alti", "alti_layer")
 METRICS = {"DP": "dot_product", "AP": "average_precision"}
 PLURAL = " plural"
 
@@ -101,6 +105,9 @@ def layer_rows(
         attr = attribute(model, prompts, Target(token=PLURAL), method="logat")
     elif method == "random":
         attr = attribute(model, prompts, Target(token=targets), method="random", seed=seed)
+    elif method in ("globenc_layer", "alti_layer"):
+        name = method.removesuffix("_layer")
+        attr = attribute(model, prompts, Target(token=targets), method=name, rollout=False)
     else:
         attr = attribute(model, prompts, Target(token=targets), method=method)
     n_layers = int(model.cfg.n_layers)
@@ -248,11 +255,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model = setup(args)
     paradigms, methods = parse_list(args.paradigms), parse_list(args.methods)
     unknown = [p for p in paradigms if p not in PARADIGMS] + [
-        m for m in methods if m not in METHODS
+        m for m in methods if m not in METHODS + ENCODER_METHODS
     ]
     if unknown:
         raise SystemExit(
-            f"unknown paradigms/methods {unknown}: use {list(PARADIGMS)} / {list(METHODS)}"
+            f"unknown paradigms/methods {unknown}: use {list(PARADIGMS)} / "
+            f"{list(METHODS + ENCODER_METHODS)}"
         )
     n_layers = int(model.cfg.n_layers)
     records: list[dict[str, Any]] = []

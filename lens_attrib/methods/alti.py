@@ -494,7 +494,12 @@ def alti_mixing_matrices(
     per_layer=True,
     target_free=True,
     needs_head=False,
-    options={"chunk_size": CHUNK_OPTION, "affine": AFFINE_OPTION, "l1_eps": L1_EPS_OPTION},
+    options={
+        "chunk_size": CHUNK_OPTION,
+        "affine": AFFINE_OPTION,
+        "l1_eps": L1_EPS_OPTION,
+        "rollout": Option(True, check=is_bool, help="roll out over layers (False: ALTI¬)"),
+    },
 )
 def alti(
     model: Any,
@@ -504,13 +509,16 @@ def alti(
     chunk_size: int | None,
     affine: Affine,
     l1_eps: float,
+    rollout: bool,
 ) -> MethodOutput:
     """ALTI (Ferrando et al. 2022): rollout of token-mixing matrices, the target row.
 
     ``scores[b] = (A_{L−1} ⋯ A_0)[t_b]``; ``layer_scores[b, l] = (A_l ⋯ A_0)[t_b]`` (contributions
     of the input tokens to the representation of the target position after layer l). Rows sum
     to 1 over real tokens. Options ``chunk_size``, ``affine`` and ``l1_eps`` as in
-    ``alti_logit``.
+    ``alti_logit``; ``rollout=False`` gives the per-layer ALTI¬ of the NormXLogit paper (Mohebbi
+    et al.'s layer-wise setting): ``layer_scores[b, l] = A_l[t_b]`` (layer l's own mixing row,
+    no rollout) and ``scores`` the last layer's.
     """
     n_layers = batch.arch.n_layers
     result, cache = run_alti_forward(
@@ -520,7 +528,10 @@ def alti(
     positions = result.resolved.positions
     rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)
     rows[torch.arange(batch.size), :, positions] = 1.0
-    layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
+    if rollout:
+        layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
+    else:
+        layer_scores = torch.stack([target_rows(m, positions) for m in mats], 1)
     return MethodOutput(
         layer_scores[:, -1],
         result.resolved,
