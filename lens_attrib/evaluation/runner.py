@@ -559,7 +559,14 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         metavar="M1,M2,…",
         help=f"comma-separated metrics, from: {', '.join(METRICS)}",
     )
-    parser.add_argument("--n", type=int, default=50, help="number of items")
+    parser.add_argument(
+        "--n-items",
+        "--n",
+        dest="n",
+        type=int,
+        default=50,
+        help="number of items (under torchrun write --n-items: torchrun reads --n as its own)",
+    )
     add_shard_argument(parser)
     parser.add_argument(
         "--out",
