@@ -321,6 +321,11 @@ def evaluate(
         raise KeyError(f"Unknown metrics {unknown}; known: {list(METRICS)}")
     if max_batch != "auto" and (isinstance(max_batch, str) or max_batch < 1):
         raise ValueError(f"max_batch must be a positive integer or 'auto', got {max_batch!r}")
+    if out is not None and Path(out).suffix not in (".json", ".csv"):
+        raise ValueError(
+            f"out={str(out)!r}: write the result to a .json or .csv path (the resumable "
+            "journal goes beside it as <stem>.records.jsonl)."
+        )
     rank = distributed.current()
     if shard is None and rank is not None:
         shard = rank.shard
