@@ -124,28 +124,37 @@ def measure(
         rows.append({"batch": b, "seconds": seconds, "items_s": b / seconds, "peak_mb": mb})
         if mb > budget_mb:
             break
-    ok = [r for r in rows if not r.get("oom") and r["peak_mb"] <= budget_mb]
+    return {"method": method, "length": length, "rows": rows, **fit(rows, budget_mb)}
+
+
+def fit(rows: list[dict[str, Any]], budget_mb: float) -> dict[str, Any]:
+    """Best batch and items/s within the budget; MB per item; the largest batch in the budget.
+
+    MB per item: the least-squares slope of peak MB over batch (when noise makes it ≤ 0, the
+    largest peak ÷ its batch, an upper bound). The largest batch is measured when the ladder
+    crossed the budget, else extrapolated from the largest batch tried.
+    """
+    measured = [r for r in rows if not r.get("oom")]
+    ok = [r for r in measured if r["peak_mb"] <= budget_mb]
     best = max(ok, key=lambda r: r["items_s"]) if ok else None
-    fits = [r for r in rows if not r.get("oom")]
-    slope = (
-        (fits[-1]["peak_mb"] - fits[-2]["peak_mb"]) / (fits[-1]["batch"] - fits[-2]["batch"])
-        if len(fits) >= 2
-        else math.nan
-    )
+    slope = math.nan
+    if len(measured) >= 2:
+        xs = [float(r["batch"]) for r in measured]
+        ys = [float(r["peak_mb"]) for r in measured]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        if slope <= 0:
+            slope = max(ys) / xs[ys.index(max(ys))]
     crossed = len(ok) < len(rows)
+    largest: float = math.nan
     if crossed:
-        largest: float = ok[-1]["batch"] if ok else 0
+        largest = ok[-1]["batch"] if ok else 0
     elif ok and slope > 0:
         largest = ok[-1]["batch"] + math.floor((budget_mb - ok[-1]["peak_mb"]) / slope)
-    else:
-        largest = math.nan
     return {
-        "method": method,
-        "length": length,
-        "rows": rows,
         "best_batch": best["batch"] if best else None,
         "items_s": best["items_s"] if best else math.nan,
-        "mb_batch1": rows[0].get("peak_mb", math.nan),
+        "mb_batch1": rows[0].get("peak_mb", math.nan) if rows else math.nan,
         "mb_per_item": slope,
         "largest_batch": largest,
         "largest_measured": crossed,
@@ -195,6 +204,15 @@ def table(results: list[dict[str, Any]], budget_mb: float) -> str:
     return "\n".join(lines)
 
 
+def print_tables(results: list[dict[str, Any]], budget_mb: float) -> list[dict[str, Any]]:
+    print(table(results, budget_mb))
+    summary = ratios(results)
+    for row in summary:
+        shown = ", ".join(f"{k} = {v:.2f}" for k, v in row.items() if k != "length")
+        print(f"T={row['length']}: {shown}")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 512])
@@ -210,7 +228,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="64 tokens, batches 1 2 4, 3 methods")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", default="results/bench_throughput.json")
+    parser.add_argument(
+        "--report", default=None, help="re-print the tables of a saved JSON (no measuring)"
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        results = [{**r, **fit(r["rows"], args.budget_mb)} for r in saved["results"]]
+        print_tables(results, args.budget_mb)
+        return {**saved, "results": results, "ratios": ratios(results)}
     if args.threads:
         torch.set_num_threads(args.threads)
     from lens_attrib import load_model
@@ -235,11 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"{r['mb_batch1']:.0f} MB at batch 1 ({time.perf_counter() - started:.0f} s)",
                     flush=True,
                 )
-    summary = ratios(results)
-    print(table(results, args.budget_mb))
-    for row in summary:
-        shown = ", ".join(f"{k} = {v:.2f}" for k, v in row.items() if k != "length")
-        print(f"T={row['length']}: {shown}")
+    summary = print_tables(results, args.budget_mb)
     payload = {
         "device": device if device == "cpu" else torch.cuda.get_device_name(),
         "platform": platform.platform(),
