@@ -112,7 +112,7 @@ def measure(
 ) -> dict[str, Any]:
     device = str(model.cfg.device)
     workload(model, method, length, 1)()  # warm-up
-    rows = []
+    rows: list[dict[str, Any]] = []
     for b in batches:
         fn = workload(model, method, length, b)
         try:
