@@ -218,3 +218,15 @@ def test_auto_batch_gives_up_at_one_item(model, monkeypatch):
     dataset = runner._load_task("sva", 3, 0)
     with pytest.raises(MemoryError):
         evaluate(model, dataset, ["gradient"], ["mrr"], max_batch="auto", progress=False)
+
+
+def test_plan_shards_partition_the_length_sorted_batches():
+    from lens_attrib.evaluation.batching import bucket_of, plan_chunks
+
+    lengths = [5, 3, 9, 3, 17, 1, 8]
+    whole = plan_chunks(lengths, 2)
+    assert [c.items for c in whole] == [(5, 1), (3, 0), (6, 2), (4,)]
+    assert [c.bucket for c in whole] == [4, 8, 16, 32]
+    shards = [plan_chunks(lengths, 2, (i, 3)) for i in range(3)]
+    assert sorted((c for s in shards for c in s), key=lambda c: c.index) == whole
+    assert [bucket_of(n) for n in (1, 2, 3, 64, 65)] == [1, 2, 4, 64, 128]
