@@ -49,7 +49,8 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,7 +67,7 @@ from lens_attrib.cli import (
     positive_int,
 )
 from lens_attrib.evaluation import distributed
-from lens_attrib.evaluation.batching import BatchSizer, plan_chunks
+from lens_attrib.evaluation.batching import BatchSizer, Chunk, plan_chunks
 from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion, special_ids_of
 from lens_attrib.evaluation.journal import Journal
 from lens_attrib.evaluation.plausibility import PLAUSIBILITY_METRICS, plausibility
@@ -368,81 +369,37 @@ def evaluate(
             "code_version": code_version(),
         }
         journal = Journal.open(journal_path(out, shard), manifest, overwrite=overwrite)
+    explained = (True,) if only_correct else (True, False, None)  # by correctness
     sizer = BatchSizer(batch_size, auto=auto)
+    sink = _Sink(journal)
     show = progress and sys.stderr.isatty() and (rank is None or rank.is_main)
-    new_records: list[dict[str, Any]] = []
-
-    def keep(
-        method: str, items: Sequence[int], records: list[dict[str, Any]], size: int, bucket: int
-    ) -> None:
-        if journal is not None:
-            journal.append(method, items, records, batch_size=size, bucket=bucket)
-        else:
-            new_records.extend(records)
-
-    # pass 1: is the model right on each item (and its prediction)
-    known = _known_correctness(journal)
-    todo = [c for c in chunks if any(i not in known for i in c.items)]
-    with tqdm(
-        total=sum(len(c.items) for c in todo), desc="model", unit="item", disable=not show
-    ) as bar:
-        for chunk in todo:
-            items = [i for i in chunk.items if i not in known]
-
-            def correctness(sub: list[int]) -> list[dict[str, Any]]:
-                correct, predicted = _correctness(model, [dataset[i] for i in sub], metric_rows)
-                return [
-                    {
-                        **_base(i, dataset[i], p, c),
-                        "method": "model",
-                        "metric": "model_correct",
-                        "layer": None,
-                        "value": float("nan") if c is None else float(c),
-                    }
-                    for i, p, c in zip(sub, predicted, correct)
-                ]
-
-            for sub, records, size in sizer.run("model", chunk.bucket, items, correctness):
-                keep("model", sub, records, size, chunk.bucket)
-                known.update({r["item"]: (r["prediction"], r["correct"]) for r in records})
-                bar.update(len(sub))
-    # pass 2: explain and score, method by method
+    known = _correctness_pass(model, dataset, chunks, sizer, sink, metric_rows, show)
     for method in methods:
         done = journal.finished(method) if journal is not None else set()
         plan = [
-            (chunk, items)
+            (chunk, todo)
             for chunk in chunks
-            if (
-                items := [
-                    i for i in chunk.items if i not in done and (not only_correct or known[i][1])
-                ]
-            )
+            if (todo := [i for i in chunk.items if i not in done and known[i][1] in explained])
         ]
-        with tqdm(
-            total=sum(len(items) for _, items in plan), desc=method, unit="item", disable=not show
-        ) as bar:
-            for chunk, items in plan:
 
-                def explain(sub: list[int], method: str = method) -> list[dict[str, Any]]:
-                    return _explain_and_score(
-                        model,
-                        dataset,
-                        sub,
-                        known,
-                        method,
-                        metrics,
-                        target=target,
-                        contrastive=contrastive,
-                        method_options=method_options.get(method, {}),
-                        opts=opts,
-                        special=special,
-                        per_layer=per_layer,
-                    )
+        def explain(sub: list[int], method: str = method) -> list[dict[str, Any]]:
+            return _explain_and_score(
+                model,
+                dataset,
+                sub,
+                known,
+                method,
+                metrics,
+                target=target,
+                contrastive=contrastive,
+                method_options=method_options.get(method, {}),
+                opts=opts,
+                special=special,
+                per_layer=per_layer,
+            )
 
-                for sub, records, size in sizer.run(method, chunk.bucket, items, explain):
-                    keep(method, sub, records, size, chunk.bucket)
-                    bar.update(len(sub))
-    records = journal.records() if journal is not None else new_records
+        _run_plan(method, plan, sizer, sink, explain, show)
+    records = sink.records()
     config["batches"] = sizer.report() if auto else batch_size
     if rank is not None and shard == rank.shard:
         gathered = distributed.gather_to_rank0(records)
@@ -457,6 +414,87 @@ def evaluate(
     if out is not None:
         save(result, out)
     return result
+
+
+@dataclass
+class _Sink:
+    """Where finished batches go: the journal (durably) or a list in memory."""
+
+    journal: Journal | None
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+    def put(
+        self,
+        method: str,
+        items: Sequence[int],
+        records: list[dict[str, Any]],
+        size: int,
+        bucket: int,
+    ) -> None:
+        if self.journal is not None:
+            self.journal.append(method, items, records, batch_size=size, bucket=bucket)
+        else:
+            self.kept.extend(records)
+
+    def records(self) -> list[dict[str, Any]]:
+        return self.journal.records() if self.journal is not None else self.kept
+
+
+Work = Callable[[list[int]], list[dict[str, Any]]]
+
+
+def _run_plan(
+    method: str,
+    plan: Sequence[tuple[Chunk, list[int]]],
+    sizer: BatchSizer,
+    sink: _Sink,
+    work: Work,
+    show: bool,
+) -> None:
+    """Run ``work`` on every chunk's items in sub-batches; each finished one goes to ``sink``."""
+    total = sum(len(items) for _, items in plan)
+    with tqdm(total=total, desc=method, unit="item", disable=not show) as bar:
+        for chunk, items in plan:
+            for sub, records, size in sizer.run(method, chunk.bucket, items, work):
+                sink.put(method, sub, records, size, chunk.bucket)
+                bar.update(len(sub))
+
+
+def _correctness_pass(
+    model: Any,
+    dataset: Sequence[Any],
+    chunks: Sequence[Chunk],
+    sizer: BatchSizer,
+    sink: _Sink,
+    max_batch: int,
+    show: bool,
+) -> dict[int, tuple[str, bool | None]]:
+    """Prediction and correctness of every planned item (from the journal where it has them)."""
+    known = _known_correctness(sink.journal)
+
+    def correctness(sub: list[int]) -> list[dict[str, Any]]:
+        correct, predicted = _correctness(model, [dataset[i] for i in sub], max_batch)
+        return [
+            {
+                **_base(i, dataset[i], p, c),
+                "method": "model",
+                "metric": "model_correct",
+                "layer": None,
+                "value": float("nan") if c is None else float(c),
+            }
+            for i, p, c in zip(sub, predicted, correct)
+        ]
+
+    plan = [(c, todo) for c in chunks if (todo := [i for i in c.items if i not in known])]
+    _run_plan("model", plan, sizer, sink, correctness, show)
+    known.update(
+        {
+            r["item"]: (r["prediction"], r["correct"])
+            for r in sink.records()
+            if r["method"] == "model"
+        }
+    )
+    return known
 
 
 def _known_correctness(journal: Journal | None) -> dict[int, tuple[str, bool | None]]:
