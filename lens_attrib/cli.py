@@ -58,6 +58,29 @@ def shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def positive_int(text: str) -> int:
+    """An integer ``>= 1`` (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def batch_or_auto(text: str) -> int | str:
+    """A positive integer or ``auto`` (argparse type of ``--max-batch``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer or 'auto', got {text!r}"
+        ) from None
+
+
 def add_methods_argument(parser: argparse.ArgumentParser, default: str) -> None:
     """``--methods a,b,…`` validated against ``METHODS`` (the help lists the choices)."""
     parser.add_argument(
@@ -76,8 +99,17 @@ def add_shard_argument(parser: argparse.ArgumentParser) -> None:
         type=shard,
         default=None,
         metavar="i/n",
-        help="run only the items whose index is i modulo n (merge the outputs afterwards)",
+        help="run only shard i of n (every n-th batch of the length-sorted plan; merge the "
+        "outputs afterwards with merge_records, or launch with torchrun instead)",
     )
 
 
-__all__ = ["add_methods_argument", "add_shard_argument", "choice_list", "method_list", "shard"]
+__all__ = [
+    "add_methods_argument",
+    "add_shard_argument",
+    "batch_or_auto",
+    "choice_list",
+    "method_list",
+    "positive_int",
+    "shard",
+]

@@ -150,8 +150,16 @@ def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def load(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``.json`` or ``.csv`` file written by :func:`save`."""
+    """The records of a ``.json`` or ``.csv`` file written by :func:`save`, or of a journal.
+
+    A ``.jsonl`` journal (:mod:`lens_attrib.evaluation.journal`) gives the records of its
+    finished batches, so the journals of unfinished shards can be merged too.
+    """
     path = Path(path)
+    if path.suffix == ".jsonl":
+        from lens_attrib.evaluation.journal import load_journal_records
+
+        return load_journal_records(path)
     if path.suffix == ".csv":
         with path.open() as fh:
             rows = list(csv.DictReader(fh))
@@ -168,7 +176,7 @@ def load(path: str | Path) -> list[dict[str, Any]]:
 
 
 def merge_records(paths: Sequence[str | Path]) -> EvalResult:
-    """Concatenate shard results (JSON or CSV) into one sorted result with its summary.
+    """Concatenate shard results (JSON, CSV or JSONL journals) into one sorted result.
 
     Raises if two shards hold the same item × method × metric × layer.
     """

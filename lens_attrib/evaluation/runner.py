@@ -21,31 +21,55 @@ Metrics (names):
 - soft: ``soft_nc, soft_ns, pi_soft_nc, pi_soft_ns, expected_retained_ns, expected_retained_nc``,
   each also with a ``_fixed`` suffix for fixed routing.
 
-Sharding: ``shard=(i, n)`` keeps the items whose dataset index is ``i`` modulo ``n``; records carry
-the dataset index, and :func:`merge_records` concatenates shard files into the same sorted
-records (and summary) as one run.
+Batches and shards: items are sorted by token length and cut into chunks of ``batch_size``;
+``shard=(i, n)`` keeps chunks ``i, i+n, …``, so every item is computed in the same batch however
+the run is split, and the merged shards (:func:`merge_records`) equal one run exactly. Under
+``torchrun`` each rank takes its own shard and rank 0 gathers the records.
+``max_batch="auto"`` finds the largest sub-batch that fits in memory by halving.
+
+Resuming: with ``out``, every finished batch is appended (flushed and fsynced) to the journal
+``<out stem>.records.jsonl`` after a manifest of the run; rerunning the same command skips what
+is on disk (see :mod:`lens_attrib.evaluation.journal`).
 
 CLI::
 
     python -m lens_attrib.evaluation.runner --model smollm2-135m --task sva \\
         --methods grad_x_input,gradient --metrics pointing_game,mrr --n 50 --shard 0/2 \\
         --out results/x.json
+    torchrun --nproc-per-node 4 -m lens_attrib.evaluation.runner --methods attnlrp \\
+        --n 5000 --max-batch auto --batch-size 128 --out results/big.json
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import hashlib
+import importlib.metadata
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import arch_of
-from lens_attrib.cli import add_methods_argument, add_shard_argument, choice_list
+from lens_attrib.cli import (
+    add_methods_argument,
+    add_shard_argument,
+    batch_or_auto,
+    choice_list,
+    positive_int,
+)
+from lens_attrib.evaluation import distributed
+from lens_attrib.evaluation.batching import BatchSizer, Chunk, plan_chunks
 from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion, special_ids_of
+from lens_attrib.evaluation.journal import Journal
 from lens_attrib.evaluation.plausibility import PLAUSIBILITY_METRICS, plausibility
 from lens_attrib.evaluation.records import (
     EvalResult,
@@ -192,6 +216,66 @@ def _score(
     return out
 
 
+def _base(index: int, item: Any, prediction: str, correct: bool | None) -> dict[str, Any]:
+    return {
+        "item": index,
+        "task": getattr(item, "task", None),
+        "prompt": item.prompt,
+        "target": getattr(item, "target", None),
+        "foil": getattr(item, "foil", None),
+        "prediction": prediction,
+        "correct": correct,
+    }
+
+
+def token_lengths(model: Any, dataset: Sequence[Any]) -> list[int]:
+    """Every item's number of tokens as the model sees it (with BOS / CLS and SEP)."""
+    if not len(dataset):
+        return []
+    return to_batch(model, [it.prompt for it in dataset]).lengths.tolist()
+
+
+def data_hash(dataset: Sequence[Any]) -> str:
+    """SHA-256 of every item's prompt, target, foil, task and evidence (the manifest's data id)."""
+    digest = hashlib.sha256()
+    for it in dataset:
+        fields = {
+            k: getattr(it, k, None)
+            for k in ("prompt", "target", "foil", "task", "evidence_words", "evidence_positions")
+        }
+        digest.update(json.dumps(fields, default=repr, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def code_version() -> dict[str, str | None]:
+    """The package version and, when the code is a git checkout, its commit (``+dirty``)."""
+    try:
+        version: str | None = importlib.metadata.version("lens-attrib")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    root = Path(__file__).resolve().parents[2]
+    commit = None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        commit = head or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"package": version, "git": commit}
+
+
+def journal_path(out: str | Path, shard: tuple[int, int] | None) -> Path:
+    """Where the records of ``out`` are journaled: ``<out stem>[.shard-i-of-n].records.jsonl``."""
+    out = Path(out)
+    tag = f".shard-{shard[0]}-of-{shard[1]}" if shard is not None else ""
+    return out.with_name(f"{out.stem}{tag}.records.jsonl")
+
+
 def evaluate(
     model: Any,
     dataset: Sequence[Any],
@@ -207,93 +291,256 @@ def evaluate(
     per_layer: bool = False,
     special_ids: Sequence[int] | None = None,
     shard: tuple[int, int] | None = None,
-    max_batch: int = 64,
+    max_batch: int | Literal["auto"] = 64,
     seed: int = 0,
     progress: bool = True,
     out: str | Path | None = None,
+    overwrite: bool = False,
 ) -> EvalResult:
     """Score ``methods`` × ``metrics`` on ``dataset`` (see the module doc).
 
     ``method_options[name]`` go to the method; ``metric_options`` may hold ``"aopc"``,
     ``"curves"`` and ``"soft"`` option dicts for :func:`aopc`, :func:`insertion_deletion` and
     :func:`soft_metrics`. ``only_correct``: skip items the model gets wrong (their correctness
-    records are kept). ``out``: save to ``.json`` or ``.csv``.
+    records are kept).
+
+    Batches: the items are sorted by token length and cut into chunks of ``batch_size``
+    (:func:`~lens_attrib.evaluation.batching.plan_chunks`). ``max_batch``: rows per forward of
+    the perturbation metrics; ``"auto"``: each chunk runs in the largest sub-batch (at most
+    ``batch_size``) that fits in memory, found by halving on out-of-memory per method and length
+    bucket (reported in ``config["batches"]``). ``shard=(i, n)``: chunks ``i, i+n, …`` only;
+    under ``torchrun`` (an initialised process group) the shard is the rank's and rank 0 returns
+    (and writes) the merged records of every rank.
+
+    ``out`` (``.json`` or ``.csv``): the result is written there, and every finished batch is
+    first appended to the journal ``<out stem>[.shard-i-of-n].records.jsonl``
+    (:mod:`lens_attrib.evaluation.journal`). Rerunning with the same ``out`` skips the batches
+    already on disk; a journal of a different run is an error unless ``overwrite``.
     """
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise KeyError(f"Unknown metrics {unknown}; known: {list(METRICS)}")
-    if shard is not None and not 0 <= shard[0] < shard[1]:
-        raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
-    indices = [i for i in range(len(dataset)) if shard is None or i % shard[1] == shard[0]]
+    if max_batch != "auto" and (isinstance(max_batch, str) or max_batch < 1):
+        raise ValueError(f"max_batch must be a positive integer or 'auto', got {max_batch!r}")
+    if out is not None and Path(out).suffix not in (".json", ".csv"):
+        raise ValueError(
+            f"out={str(out)!r}: write the result to a .json or .csv path (the resumable "
+            "journal goes beside it as <stem>.records.jsonl)."
+        )
+    rank = distributed.current()
+    if shard is None and rank is not None:
+        shard = rank.shard
+    chunks = plan_chunks(token_lengths(model, dataset), batch_size, shard)
     method_options = method_options or {}
-    opts = {"max_batch": max_batch, "seed": seed, **(metric_options or {})}
+    auto = max_batch == "auto"
+    metric_rows = 64 if auto else int(max_batch)
+    opts = {"max_batch": metric_rows, "seed": seed, **(metric_options or {})}
     special = sorted(special_ids_of(model, special_ids))
-    records: list[dict[str, Any]] = []
-    chunks = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    for chunk in tqdm(chunks, desc="evaluate", disable=not progress):
-        items = [dataset[i] for i in chunk]
-        correct, predicted = _correctness(model, items, max_batch)
-        base = [
-            {
-                "item": i,
-                "task": getattr(it, "task", None),
-                "prompt": it.prompt,
-                "target": getattr(it, "target", None),
-                "foil": getattr(it, "foil", None),
-                "prediction": p,
-                "correct": c,
-            }
-            for i, it, p, c in zip(chunk, items, predicted, correct)
-        ]
-        records += [
-            {
-                **b,
-                "method": "model",
-                "metric": "model_correct",
-                "layer": None,
-                "value": float("nan") if b["correct"] is None else float(b["correct"]),
-            }
-            for b in base
-        ]
-        keep = [j for j, c in enumerate(correct) if not only_correct or c]
-        if not keep:
-            continue
-        items = [items[j] for j in keep]
-        base = [base[j] for j in keep]
-        evidence = [_evidence(model, it) for it in items]
-        tgt = _target(items, target, contrastive)
-        for method in methods:
-            attr = attribute(
-                model,
-                [it.prompt for it in items],
-                tgt,
-                method=method,
-                **method_options.get(method, {}),
-            )
-            for metric, layer, values in _score(
-                model, attr, metrics, evidence, opts, special, per_layer
-            ):
-                for b, v in zip(base, values.tolist()):
-                    records.append(
-                        {**b, "method": method, "metric": metric, "layer": layer, "value": float(v)}
-                    )
-    records = sort_records(records)
     config = {
         "methods": list(methods),
         "metrics": list(metrics),
         "batch_size": batch_size,
+        "max_batch": max_batch,
         "target": target,
         "contrastive": contrastive,
         "only_correct": only_correct,
+        "per_layer": per_layer,
         "shard": list(shard) if shard else None,
         "seed": seed,
-        "n_items": len(indices),
+        "n_items": sum(len(c.items) for c in chunks),
         "model": getattr(model.cfg, "model_name", None),
     }
+    journal = None
+    if out is not None:
+        manifest = {
+            **config,
+            "model": {
+                "name": getattr(model.cfg, "model_name", None),
+                "dtype": str(model.cfg.dtype),
+                "n_layers": model.cfg.n_layers,
+                "d_model": model.cfg.d_model,
+                "d_vocab": model.cfg.d_vocab,
+            },
+            "method_options": method_options,
+            "metric_options": metric_options or {},
+            "special_ids": special,
+            "data_hash": data_hash(dataset),
+            "dataset_size": len(dataset),
+            "code_version": code_version(),
+        }
+        journal = Journal.open(journal_path(out, shard), manifest, overwrite=overwrite)
+    explained = (True,) if only_correct else (True, False, None)  # by correctness
+    sizer = BatchSizer(batch_size, auto=auto)
+    sink = _Sink(journal)
+    show = progress and sys.stderr.isatty() and (rank is None or rank.is_main)
+    known = _correctness_pass(model, dataset, chunks, sizer, sink, metric_rows, show)
+    for method in methods:
+        done = journal.finished(method) if journal is not None else set()
+        plan = [
+            (chunk, todo)
+            for chunk in chunks
+            if (todo := [i for i in chunk.items if i not in done and known[i][1] in explained])
+        ]
+
+        def explain(sub: list[int], method: str = method) -> list[dict[str, Any]]:
+            return _explain_and_score(
+                model,
+                dataset,
+                sub,
+                known,
+                method,
+                metrics,
+                target=target,
+                contrastive=contrastive,
+                method_options=method_options.get(method, {}),
+                opts=opts,
+                special=special,
+                per_layer=per_layer,
+            )
+
+        _run_plan(method, plan, sizer, sink, explain, show)
+    records = sink.records()
+    config["batches"] = sizer.report() if auto else batch_size
+    if rank is not None and shard == rank.shard:
+        gathered = distributed.gather_to_rank0(records)
+        if gathered is None:
+            return EvalResult(sort_records(records), summarize(records), config)
+        records = [r for part in gathered for r in part]
+        config["shard"] = None
+        config["world_size"] = rank.world_size
+        config["n_items"] = len(dataset)
+    records = sort_records(records)
     result = EvalResult(records, summarize(records), config)
     if out is not None:
         save(result, out)
     return result
+
+
+@dataclass
+class _Sink:
+    """Where finished batches go: the journal (durably) or a list in memory."""
+
+    journal: Journal | None
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+    def put(
+        self,
+        method: str,
+        items: Sequence[int],
+        records: list[dict[str, Any]],
+        size: int,
+        bucket: int,
+    ) -> None:
+        if self.journal is not None:
+            self.journal.append(method, items, records, batch_size=size, bucket=bucket)
+        else:
+            self.kept.extend(records)
+
+    def records(self) -> list[dict[str, Any]]:
+        return self.journal.records() if self.journal is not None else self.kept
+
+
+Work = Callable[[list[int]], list[dict[str, Any]]]
+
+
+def _run_plan(
+    method: str,
+    plan: Sequence[tuple[Chunk, list[int]]],
+    sizer: BatchSizer,
+    sink: _Sink,
+    work: Work,
+    show: bool,
+) -> None:
+    """Run ``work`` on every chunk's items in sub-batches; each finished one goes to ``sink``."""
+    total = sum(len(items) for _, items in plan)
+    with tqdm(total=total, desc=method, unit="item", disable=not show) as bar:
+        for chunk, items in plan:
+            for sub, records, size in sizer.run(method, chunk.bucket, items, work):
+                sink.put(method, sub, records, size, chunk.bucket)
+                bar.update(len(sub))
+
+
+def _correctness_pass(
+    model: Any,
+    dataset: Sequence[Any],
+    chunks: Sequence[Chunk],
+    sizer: BatchSizer,
+    sink: _Sink,
+    max_batch: int,
+    show: bool,
+) -> dict[int, tuple[str, bool | None]]:
+    """Prediction and correctness of every planned item (from the journal where it has them)."""
+    known = _known_correctness(sink.journal)
+
+    def correctness(sub: list[int]) -> list[dict[str, Any]]:
+        correct, predicted = _correctness(model, [dataset[i] for i in sub], max_batch)
+        return [
+            {
+                **_base(i, dataset[i], p, c),
+                "method": "model",
+                "metric": "model_correct",
+                "layer": None,
+                "value": float("nan") if c is None else float(c),
+            }
+            for i, p, c in zip(sub, predicted, correct)
+        ]
+
+    plan = [(c, todo) for c in chunks if (todo := [i for i in c.items if i not in known])]
+    _run_plan("model", plan, sizer, sink, correctness, show)
+    known.update(
+        {
+            r["item"]: (r["prediction"], r["correct"])
+            for r in sink.records()
+            if r["method"] == "model"
+        }
+    )
+    return known
+
+
+def _known_correctness(journal: Journal | None) -> dict[int, tuple[str, bool | None]]:
+    if journal is None:
+        return {}
+    return {
+        r["item"]: (r["prediction"], r["correct"])
+        for b in journal.batches
+        if b["method"] == "model"
+        for r in b["records"]
+    }
+
+
+def _explain_and_score(
+    model: Any,
+    dataset: Sequence[Any],
+    indices: Sequence[int],
+    known: dict[int, tuple[str, bool | None]],
+    method: str,
+    metrics: Sequence[str],
+    *,
+    target: str,
+    contrastive: bool,
+    method_options: dict[str, Any],
+    opts: dict[str, Any],
+    special: list[int],
+    per_layer: bool,
+) -> list[dict[str, Any]]:
+    """The records of ``method`` × ``metrics`` on the items ``indices`` (one method call)."""
+    items = [dataset[i] for i in indices]
+    base = [_base(i, it, *known[i]) for i, it in zip(indices, items)]
+    evidence = [_evidence(model, it) for it in items]
+    attr = attribute(
+        model,
+        [it.prompt for it in items],
+        _target(items, target, contrastive),
+        method=method,
+        **method_options,
+    )
+    records = []
+    for metric, layer, values in _score(model, attr, metrics, evidence, opts, special, per_layer):
+        for b, v in zip(base, values.tolist()):
+            records.append(
+                {**b, "method": method, "metric": metric, "layer": layer, "value": float(v)}
+            )
+    return records
 
 
 # --------------------------------------------------------------------------- CLI
@@ -311,12 +558,38 @@ def _load_task(task: str, n: int, seed: int) -> list[Any]:
     )
 
 
+TINY_MODELS = ("tiny-gpt2", "tiny-llama", "tiny-pythia", "tiny-bert")
+"""Random-weight test models (:mod:`lens_attrib.tiny_models`, seed 0) the CLI accepts by name."""
+
+
+def load_named_model(name: str, device: str | torch.device | None = None) -> Any:
+    """``tiny-*`` test models, else :func:`lens_attrib.models.load_model` on ``device``."""
+    from lens_attrib import models, tiny_models
+
+    if name in TINY_MODELS:
+        kind = name.removeprefix("tiny-")
+        build = tiny_models.tiny_bert if kind == "bert" else tiny_models.TINY_DECODERS[kind]
+        model = build()
+        if device is not None and torch.device(device).type != "cpu":
+            model.to(str(device), print_details=False)
+            model.cfg.device = str(device)
+        return model
+    if device is None or torch.device(device).type == "cpu":
+        return models.load_model(name)
+    return models.load_model(name, device=device)
+
+
 def main(argv: Sequence[str] | None = None) -> EvalResult:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Many processes: torchrun --nproc-per-node N -m lens_attrib.evaluation.runner "
+        "... (or accelerate launch -m ...); each rank takes its shard, rank 0 writes --out.",
+    )
     parser.add_argument(
         "--model",
         default="smollm2-135m",
-        help="model name (smollm2-135m, minilm-l6), local folder or TL name",
+        help="model name (smollm2-135m, minilm-l6, or the random test models "
+        f"{', '.join(TINY_MODELS)}), local folder or TL name",
     )
     parser.add_argument(
         "--task", default="sva", help="sva, anaphora, dna, blimp:<paradigm> or linzen"
@@ -329,12 +602,38 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         metavar="M1,M2,…",
         help=f"comma-separated metrics, from: {', '.join(METRICS)}",
     )
-    parser.add_argument("--n", type=int, default=50, help="number of items")
-    add_shard_argument(parser)
-    parser.add_argument("--out", default=None, help="write records to this .json or .csv")
-    parser.add_argument("--batch-size", type=int, default=8, help="items per method call")
     parser.add_argument(
-        "--max-batch", type=int, default=64, help="rows per forward in the perturbation metrics"
+        "--n-items",
+        "--n",
+        dest="n",
+        type=int,
+        default=50,
+        help="number of items (under torchrun write --n-items: torchrun reads --n as its own)",
+    )
+    add_shard_argument(parser)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write records to this .json or .csv; finished batches are journaled beside it "
+        "(<stem>.records.jsonl) and a rerun resumes from them",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an existing journal of --out instead of resuming it",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=8,
+        help="items per method call (with --max-batch auto: the largest batch tried)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=batch_or_auto,
+        default=64,
+        help="rows per forward in the perturbation metrics; 'auto': every method call uses "
+        "the largest batch ≤ --batch-size that fits in memory (halved on out-of-memory)",
     )
     parser.add_argument(
         "--target",
@@ -352,29 +651,42 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         "--n-draws", type=int, default=15, help="Monte-Carlo draws of the soft metrics"
     )
     parser.add_argument("--seed", type=int, default=0, help="data and metric seed")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-    from lens_attrib.models import load_model
-
-    model = load_model(args.model)
-    dataset = _load_task(args.task, args.n, args.seed)
-    result = evaluate(
-        model,
-        dataset,
-        args.methods,
-        args.metrics,
-        batch_size=args.batch_size,
-        target=args.target,
-        contrastive=args.contrastive,
-        only_correct=args.only_correct,
-        shard=args.shard,
-        max_batch=args.max_batch,
-        seed=args.seed,
-        metric_options={"soft": {"n_draws": args.n_draws}},
-        progress=not args.no_progress,
-        out=args.out,
+    parser.add_argument(
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress bars and no log lines (bars are also off when stderr is not a tty)",
     )
-    print(result.table())  # CLI output
+    args = parser.parse_args(argv)
+    if not args.quiet:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    rank = distributed.init_from_env()
+    try:
+        model = load_named_model(args.model, rank.device if rank is not None else None)
+        dataset = _load_task(args.task, args.n, args.seed)
+        result = evaluate(
+            model,
+            dataset,
+            args.methods,
+            args.metrics,
+            batch_size=args.batch_size,
+            target=args.target,
+            contrastive=args.contrastive,
+            only_correct=args.only_correct,
+            shard=args.shard,
+            max_batch=args.max_batch,
+            seed=args.seed,
+            metric_options={"soft": {"n_draws": args.n_draws}},
+            progress=not args.quiet,
+            out=args.out,
+            overwrite=args.overwrite,
+        )
+    finally:
+        if rank is not None:
+            distributed.finish()
+    if rank is None or rank.is_main:
+        print(result.table())  # CLI output
     return result
 
 
