@@ -71,7 +71,7 @@ def test_the_gap_is_reported_where_rescale_is_not_exact():
     assert float(gap.abs().max()) > 1e-3
 
 
-@pytest.mark.parametrize("builder", [tiny_gpt2, tiny_llama, tiny_pythia, tiny_bert])
+@pytest.mark.parametrize("builder", [tiny_llama, tiny_bert])  # gpt2: the prepended-sink test
 def test_batched_equals_unbatched(builder):
     model = builder(dtype=F64)
     prompts = PROMPTS if builder is not tiny_bert else ["the keys are", "a dog sees the cats"]
