@@ -85,12 +85,13 @@ def test_same_seed_same_scores_other_seed_other_scores():
     torch.testing.assert_close(first.scores.sum(-1), torch.ones(3, dtype=F64))
 
 
-@pytest.mark.parametrize("builder", [tiny_gpt2, tiny_bert])
-def test_batched_equals_unbatched(builder):
+@pytest.mark.parametrize(("builder", "replacer"), [(tiny_gpt2, "uniform"), (tiny_bert, "model")])
+def test_batched_equals_unbatched(builder, replacer):
     model = builder(dtype=F64)
-    batched = attribute(model, PROMPTS, method="reagent", max_probe_steps=8, num_probes=4)
+    options = {"max_probe_steps": 8, "num_probes": 4, "replacer": replacer}
+    batched = attribute(model, PROMPTS, method="reagent", **options)
     for b, prompt in enumerate(PROMPTS):
-        alone = attribute(model, prompt, method="reagent", max_probe_steps=8, num_probes=4)
+        alone = attribute(model, prompt, method="reagent", **options)
         torch.testing.assert_close(batched.scores[b][batched.mask[b]], alone.scores[0])
         assert batched.meta["probe_steps"][b] == alone.meta["probe_steps"][0]
 
@@ -135,6 +136,16 @@ def test_bad_replacers_and_regression_targets_are_errors(tmp_path):
     model = tiny_gpt2(dtype=F64)
     with pytest.raises(OptionError, match="existing local folder"):
         attribute(model, "the dog", method="reagent", replacer=str(tmp_path / "missing"))
+    headless = tiny_bert(dtype=F64)
+    headless.lens_attrib_no_lm_head = True
+    with pytest.raises(OptionError, match="masked-LM head"):
+        attribute(
+            headless,
+            "the dog",
+            Target(0, head=torch.nn.Linear(32, 2).double()),
+            method="reagent",
+            replacer="model",
+        )
     head = torch.nn.Linear(32, 1).double()
     with pytest.raises(TargetError, match="regression"):
         attribute(model, "the dog", Target(head=head, regression=True), method="reagent")

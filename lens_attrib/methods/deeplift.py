@@ -40,7 +40,7 @@ from lens_attrib.hooks.deeplift import (
     rescale_applies,
     rescale_hooks,
 )
-from lens_attrib.inputs import Batch
+from lens_attrib.inputs import Batch, pad_id_of
 from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at
 from lens_attrib.methods.gradient import (
     BASELINES,
@@ -88,7 +88,7 @@ def with_sinks(model: Any, batch: Batch, needs: list[bool]) -> Batch:
     if batch.padding_side != "left":
         raise ValueError("keep_sink='special' needs a left-padded decoder batch.")
     sink = sink_token_id(model)
-    pad = batch.tokens.new_full((batch.size, 1), int(batch.tokens[0, 0]))
+    pad = batch.tokens.new_full((batch.size, 1), pad_id_of(model.tokenizer))
     tokens = torch.cat([pad, batch.tokens], 1)
     mask = torch.cat([torch.zeros_like(batch.mask[:, :1]), batch.mask], 1)
     special = torch.cat([torch.zeros_like(batch.special[:, :1]), batch.special], 1)

@@ -32,7 +32,13 @@ greedy prediction of each position (decoders: from the prefix before it, the aut
 folder with a Hugging Face masked LM and its tokenizer (e.g. RoBERTa, as in the paper), which
 predicts every position masked in the decoded text; its word is re-tokenised with the explained
 model's tokenizer (first token). Random draws come from a generator seeded by ``seed`` and the
-item's token ids, so an item gets the same scores alone or in any batch.
+item's token ids, so an item gets the same scores alone or in any batch. (Inseq's ``reagent``,
+which the π-Soft paper ran, draws uniformly among vocabulary tokens with the same NLTK POS tag;
+that sampler needs NLTK's tagger data and is not offered.)
+
+With a foil the update uses the selected value ``p[y] − p[y']`` and the stop condition still asks
+for ``y`` among the top ``stopping_condition_top_k`` outputs; a class head with no more outputs
+than ``stopping_condition_top_k`` makes every probe stop after one step (a warning says so).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_attrib.backend import lm_head
-from lens_attrib.errors import TargetError
+from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import head_outputs, resid_of, run
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.perturbation import item_seed
@@ -239,6 +245,14 @@ def reagent(
             "reagent measures the drop in the target's probability; a regression head has no "
             "probabilities. Use a gradient method (grad_x_input, integrated_gradients, deeplift)."
         )
+    if replacer == "model" and batch.arch.encoder:
+        tokenizer = model.tokenizer
+        if not batch.arch.lm_head or getattr(tokenizer, "mask_token_id", None) is None:
+            raise OptionError(
+                "reagent: replacer='model' on an encoder predicts each token masked, which needs "
+                "a masked-LM head and a mask token; this model has no such head or mask token. "
+                "Use replacer='uniform' or the path of a local masked-LM folder."
+            )
     clean = run(model, batch, target)
     assert clean.head_out is not None
     resolved = clean.resolved
