@@ -149,3 +149,16 @@ def test_bad_replacers_and_regression_targets_are_errors(tmp_path):
     head = torch.nn.Linear(32, 1).double()
     with pytest.raises(TargetError, match="regression"):
         attribute(model, "the dog", Target(head=head, regression=True), method="reagent")
+
+
+def test_one_update_moves_replaced_and_kept_tokens_apart_by_the_drop():
+    from lens_attrib.methods.reagent import updated_logits
+
+    logits = torch.zeros(2, 3, dtype=F64)
+    replaced = torch.tensor([[True, False, False], [False, True, True]])
+    drop = torch.tensor([0.5, -1.0], dtype=F64)  # p fell by 0.5; p rose to 1 from 0
+    out = updated_logits(logits, replaced, drop)
+    ln3 = torch.log(torch.tensor(3.0, dtype=F64))
+    torch.testing.assert_close(out[0], torch.stack([ln3, -ln3, -ln3]))
+    bound = torch.logit(torch.tensor(1e-6, dtype=F64))  # logit(0) clamped, not -inf
+    torch.testing.assert_close(out[1], torch.stack([-bound, bound, bound]))

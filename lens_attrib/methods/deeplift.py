@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from lens_attrib.backend import embedding_forward, embedding_hooks
@@ -120,6 +121,40 @@ def _fixed_target(
     )
 
 
+def sink_needed(batch: Batch, b: int, keep_sink: str | bool) -> bool:
+    """Whether item ``b`` gets a sink token prepended (``keep_sink="special"``, a decoder prompt
+    without a leading special token; see :func:`~lens_attrib.methods.gradient.item_path`)."""
+    first = min(int(batch.first_real[b]), batch.length - 1)
+    return keep_sink == "special" and not batch.arch.encoder and not bool(batch.special[b, first])
+
+
+def baselines_of(
+    model: Any, batch: Batch, names: list[str], baseline: str | Tensor, keep_sink: str | bool
+) -> list[Tensor]:
+    """The baseline of every embedding component (one embedding-only forward for the inputs)."""
+    embeds: dict[str, Tensor] = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=[(n, _capture(embeds)) for n in names]):
+        embedding_forward(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+    xs = [embeds[n] for n in names]
+    keep = {"special": batch.special, True: sink_positions(batch), False: None}[keep_sink]
+    return embedding_baselines(model, batch.arch, names, xs, baseline, keep)
+
+
+def reference_rows(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    names: list[str],
+    starts: list[Tensor],
+    reference: dict[str, Tensor],
+) -> Float[Tensor, "batch d_model"]:
+    """The reference forward (embeddings replaced by ``starts``, no graph): records the MLP
+    activations in ``reference`` and returns the final residual at the target rows."""
+    hooks = [(n, _replace(s)) for n, s in zip(names, starts)] + reference_hooks(model, reference)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        return target_rows(resid_of(model, batch), target.positions(batch))
+
+
 @register(
     "deeplift",
     label="DeepLIFT",
@@ -176,13 +211,7 @@ def deeplift(
         default_baseline(arch, embeddings) if baseline is None else baseline
     )
     named = isinstance(baseline_used, str)
-    needs = [
-        keep_sink == "special"
-        and named
-        and not arch.encoder
-        and not bool(batch.special[b, min(int(batch.first_real[b]), batch.length - 1)])
-        for b in range(batch.size)
-    ]
+    needs = [named and sink_needed(batch, b, keep_sink) for b in range(batch.size)]
     input_value: Tensor | None = None
     xbatch, xtarget, shift = batch, target, 0
     if any(needs):
@@ -194,22 +223,10 @@ def deeplift(
         xtarget = _fixed_target(target, batch, real.resolved, [int(n) for n in needs])
     names = embedding_hooks(arch, embeddings)
 
-    # 1. the embeddings alone, for the baselines
-    embeds: dict[str, Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(n, _capture(embeds)) for n in names]):
-        embedding_forward(model, arch, xbatch.tokens, xbatch.mask, xbatch.padded)
-    xs = [embeds[n] for n in names]
-    keep = {"special": xbatch.special, True: sink_positions(xbatch), False: None}[keep_sink]
-    starts = embedding_baselines(model, arch, names, xs, baseline_used, keep)
-
-    # 2. the reference forward on the baselines
+    starts = baselines_of(model, xbatch, names, baseline_used, keep_sink)
     reference: dict[str, Tensor] = {}
-    hooks = [(n, _replace(s)) for n, s in zip(names, starts)] + reference_hooks(model, reference)
-    positions = xtarget.positions(xbatch)
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        rows0 = target_rows(resid_of(model, xbatch), positions)
-
-    # 3. the explained forward with Rescale multipliers, one backward pass
+    rows0 = reference_rows(model, xbatch, xtarget, names, starts, reference)
+    # the explained forward with Rescale multipliers, one backward pass
     head_patch = arch.encoder and xtarget.head is None and rescale_applies("gelu", activations)
     patches = rescale_hooks(model, reference, activations=activations, eps=eps)
     with mlm_head_rescale(model, rows0 if head_patch else None, eps=eps):

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lens_attrib.backend import lm_head
@@ -205,6 +205,80 @@ def _predict(
     return list(torch.split(out.cpu(), [len(rows) for _, rows in parts]))
 
 
+def check_applies(model: Any, batch: Batch, target: Target, replacer: str) -> None:
+    """Errors for a regression target and for ``replacer="model"`` on an encoder without an MLM
+    head or mask token."""
+    if target.regression:
+        raise TargetError(
+            "reagent measures the drop in the target's probability; a regression head has no "
+            "probabilities. Use a gradient method (grad_x_input, integrated_gradients, deeplift)."
+        )
+    if replacer == "model" and batch.arch.encoder:
+        tokenizer = model.tokenizer
+        if not batch.arch.lm_head or getattr(tokenizer, "mask_token_id", None) is None:
+            raise OptionError(
+                "reagent: replacer='model' on an encoder predicts each token masked, which needs "
+                "a masked-LM head and a mask token; this model has no such head or mask token. "
+                "Use replacer='uniform' or the path of a local masked-LM folder."
+            )
+
+
+def perturbable(batch: Batch, positions: Tensor) -> Bool[Tensor, "batch pos"]:
+    """Real, non-special tokens; in causal models only those up to the target position."""
+    allowed = batch.mask & ~batch.special
+    if batch.arch.causal:
+        index = torch.arange(batch.length, device=allowed.device)[None]
+        allowed = allowed & (index <= positions.to(allowed.device)[:, None])
+    return allowed
+
+
+def make_probes(
+    model: Any, batch: Batch, allowed: Tensor, replacer: str, seed: int, num_probes: int
+) -> list[Probes]:
+    """Every item's probes: its generator (seeded by ``seed`` and its real token ids), the
+    replacement table of a deterministic replacer, logits ``U[0, 1)``, nothing stopped."""
+    probes: list[Probes] = []
+    for b in range(batch.size):
+        columns = torch.nonzero(allowed[b].cpu()).flatten()
+        ids = batch.tokens[b].cpu()[batch.mask[b].cpu()].tolist()
+        gen = torch.Generator().manual_seed(item_seed(seed, ids))
+        table = None
+        if replacer == "model" and len(columns):
+            table = _model_table(model, batch, b, columns)
+        elif replacer not in REPLACERS and len(columns):
+            table = _mlm_table(model, batch, b, columns, str(replacer))
+        logits = torch.rand(num_probes, len(columns), generator=gen, dtype=torch.float64)
+        stopped = torch.zeros(num_probes, dtype=torch.bool)
+        probes.append(Probes(batch.tokens[b].cpu(), columns, table, logits, stopped, gen))
+    return probes
+
+
+def updated_logits(
+    logits: Float[Tensor, "probe T"], replaced: Bool[Tensor, "probe T"], drop: Tensor
+) -> Float[Tensor, "probe T"]:
+    """One ReAGent update: ``s_i += logit((δ_i + 1)/2)``, ``δ_i = ±drop`` (+ where replaced).
+
+    ``drop [probe]``: the fall of the explained value ``(p − p̂)/c`` in ``[−1, 1]``; the logit's
+    argument is clamped to ``[1e-6, 1 − 1e-6]``.
+    """
+    delta = torch.where(replaced, drop[:, None], -drop[:, None])
+    return logits + torch.logit((delta * 0.5 + 0.5).clamp(LOGIT_CLAMP, 1 - LOGIT_CLAMP))
+
+
+def aggregate(probes: list[Probes], batch: Batch) -> tuple[Tensor, list[int]]:
+    """Scores: ``softmax(s)`` averaged over the stopped probes (all probes where none stopped,
+    those items are returned too)."""
+    scores = torch.zeros(batch.size, batch.length, dtype=torch.float64)
+    unstopped = []
+    for b, p in enumerate(probes):
+        if not len(p.columns):
+            continue
+        rows = p.stopped if bool(p.stopped.any()) else torch.ones_like(p.stopped)
+        unstopped += [] if bool(p.stopped.any()) else [b]
+        scores[b, p.columns] = p.logits.softmax(-1)[rows].mean(0)
+    return scores, unstopped
+
+
 @register(
     "reagent",
     label="ReAGent",
@@ -240,19 +314,7 @@ def reagent(
     or a local masked-LM folder. seed: with the item's token ids, seeds its random draws.
     ``meta``: ``probe_steps`` and ``stopped_probes`` per item.
     """
-    if target.regression:
-        raise TargetError(
-            "reagent measures the drop in the target's probability; a regression head has no "
-            "probabilities. Use a gradient method (grad_x_input, integrated_gradients, deeplift)."
-        )
-    if replacer == "model" and batch.arch.encoder:
-        tokenizer = model.tokenizer
-        if not batch.arch.lm_head or getattr(tokenizer, "mask_token_id", None) is None:
-            raise OptionError(
-                "reagent: replacer='model' on an encoder predicts each token masked, which needs "
-                "a masked-LM head and a mask token; this model has no such head or mask token. "
-                "Use replacer='uniform' or the path of a local masked-LM folder."
-            )
+    check_applies(model, batch, target, replacer)
     clean = run(model, batch, target)
     assert clean.head_out is not None
     resolved = clean.resolved
@@ -278,25 +340,8 @@ def reagent(
 
     p0 = value(clean.head_out, torch.arange(batch.size)).cpu()
     candidates = candidate_ids(model)
-    allowed = batch.mask & ~batch.special
-    if batch.arch.causal:
-        after = (
-            torch.arange(batch.length, device=allowed.device)[None] > resolved.positions[:, None]
-        )
-        allowed = allowed & ~after.to(allowed.device)
-    probes: list[Probes] = []
-    for b in range(batch.size):
-        columns = torch.nonzero(allowed[b].cpu()).flatten()
-        ids = batch.tokens[b].cpu()[batch.mask[b].cpu()].tolist()
-        gen = torch.Generator().manual_seed(item_seed(seed, ids))
-        table = None
-        if replacer == "model" and len(columns):
-            table = _model_table(model, batch, b, columns)
-        elif replacer not in REPLACERS and len(columns):
-            table = _mlm_table(model, batch, b, columns, str(replacer))
-        logits = torch.rand(num_probes, len(columns), generator=gen, dtype=torch.float64)
-        stopped = torch.zeros(num_probes, dtype=torch.bool)
-        probes.append(Probes(batch.tokens[b].cpu(), columns, table, logits, stopped, gen))
+    allowed = perturbable(batch, resolved.positions)
+    probes = make_probes(model, batch, allowed, replacer, seed, num_probes)
 
     active = [b for b, p in enumerate(probes) if len(p.columns)]
     for _ in range(max_probe_steps):
@@ -313,11 +358,10 @@ def reagent(
         for (b, _), p_hat in zip(parts, outs):
             p = probes[b]
             p.steps += 1
-            d = torch.zeros(num_probes, 1, dtype=torch.float64)
-            d[live[b], 0] = (p0[b] - p_hat.double()) / scale
-            delta = torch.where(masks[b], d, -d)
-            step = torch.logit((delta * 0.5 + 0.5).clamp(LOGIT_CLAMP, 1 - LOGIT_CLAMP))
-            p.logits = torch.where(live[b][:, None], p.logits + step, p.logits)
+            drop = torch.zeros(num_probes, dtype=torch.float64)
+            drop[live[b]] = (p0[b] - p_hat.double()) / scale
+            update = updated_logits(p.logits, masks[b], drop)
+            p.logits = torch.where(live[b][:, None], update, p.logits)
             keep = p.logits.softmax(-1).topk(min(keep_top_n, len(p.columns)), -1).indices
             replace = torch.ones_like(masks[b]).scatter(-1, keep, False)
             checks.append((b, _replace(p, replace, candidates, num_probes)[live[b]]))
@@ -326,13 +370,7 @@ def reagent(
             probes[b].stopped[live[b]] |= h.bool()
         active = [b for b in active if not bool(probes[b].stopped.all())]
 
-    scores = torch.zeros(batch.size, batch.length, dtype=torch.float64)
-    for b, p in enumerate(probes):
-        if not len(p.columns):
-            continue
-        rows = p.stopped if bool(p.stopped.any()) else torch.ones_like(p.stopped)
-        scores[b, p.columns] = p.logits.softmax(-1)[rows].mean(0)
-    unstopped = [b for b, p in enumerate(probes) if len(p.columns) and not bool(p.stopped.any())]
+    scores, unstopped = aggregate(probes, batch)
     if unstopped:
         warnings.warn(
             f"reagent: no probe of items {unstopped} met the stopping condition within "
