@@ -25,9 +25,9 @@ prediction is read there). Long inputs are truncated to ``--max-tokens`` tokens 
 
 Defaults are sized for a shared 2-core CPU (2 items per dataset, 5 methods, 4 AOPC fractions, a
 3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 200 --methods
-alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random --fractions
-0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95 --n-draws 15 --max-tokens 256
---device cuda``.
+alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,deeplift,reagent,random
+--fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95 --n-draws 15
+--max-tokens 256 --device cuda``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from lens_attrib.hooks.guard import model_guard
 
 DEFAULT_METHODS = (
     "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,attention,normxlogit,"
-    "logat,embed_norm,grad_ellm"
+    "logat,embed_norm,grad_ellm,deeplift,reagent"
 )
 
 

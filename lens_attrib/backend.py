@@ -239,8 +239,10 @@ def lm_head(model: Any, arch: Arch) -> Head:
 
         return encoder_head
 
+    final = pre_unembed(model, arch)  # ln_final; the identity for models without norms
+
     def decoder_head(x: Tensor) -> Tensor:
-        return cast(Tensor, model.unembed(model.ln_final(x[:, None, :]))[:, 0, :])
+        return cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
 
     return decoder_head
 

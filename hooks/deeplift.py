@@ -1,0 +1,205 @@
+"""Rescale-rule patches that turn one backward pass into DeepLIFT (Shrikumar et al. 2017).
+
+DeepLIFT's Rescale rule replaces the local derivative ``φ'(h)`` of every element-wise
+nonlinearity ``a = φ(h)`` by the secant multiplier against a reference forward pass,
+
+    m(h, h₀) = (φ(h) − φ(h₀)) / (h − h₀)        (φ'(h) where |h − h₀| < eps)
+
+so that ``Δa = m · Δh`` holds exactly. Every other operation keeps its ordinary gradient at the
+explained input, as in Captum's ``DeepLift`` (the "gradient formulation" of Ancona et al. 2018):
+norms, the attention softmax and the bilinear products ``q·k``, ``A·v`` and ``φ(gate)·up`` are
+differentiated at ``x``. The patches leave the forward values unchanged (they forward the
+activation itself) and only change what flows backward. The multiplier of a plain MLP is read from
+``mlp.hook_post`` and ``mlp.hook_pre`` after the user's own hooks, so an element-wise user hook
+there (ablation, scaling) is part of ``φ``; in a gated MLP a user hook on ``hook_post`` changes
+the forward values, but the backward is the product rule below.
+
+Where the rule applies (``activations``):
+
+- ``"all"`` (DeepLIFT as published): the MLP activation of every block (``mlp.hook_post`` from
+  ``mlp.hook_pre``, whatever ``φ`` is) and the GELU inside BERT's MLM head.
+- ``"captum"``: only activations whose Hugging Face module Captum 0.9 lists in
+  ``SUPPORTED_NON_LINEAR`` (``nn.ReLU``; TransformerLens' ``"relu"``); GELU/SiLU/GELU-new are
+  modules Captum does not know and get the plain gradient there, which is what Captum (and Inseq's
+  ``deeplift``, built on it) computes on GPT-2, Llama or BERT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lens_attrib.backend import hook_name
+from lens_attrib.errors import ModelError
+from lens_attrib.hooks import HookFn
+from lens_attrib.hooks.lrp import linearized, safe_ratio
+
+ACTIVATIONS = ("all", "captum")
+CAPTUM_ACTIVATIONS = ("relu",)
+"""TransformerLens ``act_fn`` names whose Hugging Face module is in Captum's nonlinear list."""
+RESCALE_EPS = 1e-10  # Captum 0.9, DeepLift(eps=1e-10): |Δh| below it falls back to φ'(h)
+
+
+def derivative(act: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
+    """``φ'(h)`` of an element-wise ``φ`` (one autograd call on a detached copy)."""
+    with torch.enable_grad():
+        x = h.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(act(x).sum(), x)
+    return grad
+
+
+def rescale_multiplier(
+    act: Callable[[Tensor], Tensor], h: Tensor, h0: Tensor, eps: float = RESCALE_EPS
+) -> Tensor:
+    """``(φ(h) − φ(h₀))/(h − h₀)``, and ``φ'(h)`` where ``|h − h₀| < eps`` (Captum's rule)."""
+    with torch.no_grad():
+        dh = h - h0
+        secant = safe_ratio(act(h) - act(h0), dh)
+        return torch.where(dh.abs() < eps, derivative(act, h), secant)
+
+
+def rescale_applies(act_fn: str | None, activations: str) -> bool:
+    """Whether the MLP activation ``act_fn`` gets the Rescale rule under ``activations``."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    return activations == "all" or act_fn in CAPTUM_ACTIVATIONS
+
+
+def _check_activation(model: Any) -> None:
+    cfg = model.cfg
+    if cfg.act_fn is not None and cfg.is_layer_norm_activation():
+        raise ModelError(
+            f"DeepLIFT's Rescale rule for the LayerNorm activation {cfg.act_fn!r} (SoLU) is not "
+            "implemented: it is not element-wise. Use integrated_gradients instead."
+        )
+
+
+def reference_hooks(model: Any, store: dict[str, Tensor]) -> list[tuple[str, HookFn]]:
+    """Record every block's MLP input ``h₀`` (``mlp.hook_pre``) and output ``a₀``
+    (``mlp.hook_post``) on the reference pass in ``store`` (after the user's own hooks)."""
+    _check_activation(model)
+
+    def keep(x: Tensor, hook: Any) -> None:
+        store[hook.name] = x.detach()
+
+    return [
+        (hook_name(kind, layer), keep)
+        for layer in range(model.cfg.n_layers)
+        for kind in ("pre", "post")
+    ]
+
+
+def _secant_or_gradient(post: Tensor, pre: Tensor, m: Tensor, exact: Tensor) -> Tensor:
+    """``post`` forward; backward ``m ⊙ g`` to ``pre`` where ``exact``, else through ``post``'s
+    own graph (the plain gradient, user hooks included)."""
+    keep = (~exact).to(post.dtype)
+    return post.detach() + m * (pre - pre.detach()) + keep * (post - post.detach())
+
+
+def rescale_hooks(
+    model: Any, reference: dict[str, Tensor], *, activations: str = "all", eps: float = RESCALE_EPS
+) -> list[tuple[str, HookFn]]:
+    """Forward hooks that give every MLP activation the Rescale rule against ``reference``.
+
+    ``reference``: ``mlp.hook_pre``/``mlp.hook_post`` of the reference pass
+    (:func:`reference_hooks`), same shapes. Plain MLP ``a = φ(h)``: backward
+    ``(a − a₀)/(h − h₀) ⊙ g`` with ``a``, ``a₀`` read at ``hook_post`` (so an element-wise user
+    hook there is part of ``φ``), the plain gradient where ``|h − h₀| < eps``. Gated MLP
+    ``a = φ(h)·u``: ``u ⊙ m ⊙ g`` to the gate pre-activation ``h`` (``m`` the multiplier of ``φ``)
+    and ``φ(h) ⊙ g`` to ``u`` (the product keeps its gradient at ``x``, as in Captum).
+    """
+    _check_activation(model)
+    cfg = model.cfg
+    if not rescale_applies(cfg.act_fn, activations):
+        return []
+    gated = bool(getattr(cfg, "gated_mlp", False))
+    kept: dict[str, dict[str, Tensor]] = {}
+
+    def keep(key: str) -> HookFn:
+        def hook(x: Tensor, hook: Any) -> None:
+            kept.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+
+        return hook
+
+    def post_hook(post: Tensor, hook: Any) -> Tensor:
+        prefix = hook.name.rsplit(".", 1)[0]
+        saved = kept.pop(prefix)
+        pre = saved["pre"]
+        h0 = reference[f"{prefix}.hook_pre"].to(pre.device, pre.dtype)
+        if not gated:
+            a0 = reference[f"{prefix}.hook_post"].to(post.device, post.dtype)
+            with torch.no_grad():
+                dh = pre.detach() - h0
+                exact = dh.abs() >= eps
+                m = torch.where(exact, safe_ratio(post.detach() - a0, dh), 0.0)
+            return _secant_or_gradient(post, pre, m, exact)
+        act = model.get_submodule(prefix).act_fn
+        m = rescale_multiplier(act, pre.detach(), h0, eps)
+        up = saved["up"]
+        with torch.no_grad():
+            phi = act(pre.detach())
+        return linearized(post, (pre, up.detach() * m), (up, phi))
+
+    hooks: list[tuple[str, HookFn]] = []
+    for layer in range(cfg.n_layers):
+        hooks.append((hook_name("pre", layer), keep("pre")))
+        if gated:
+            hooks.append((hook_name("pre_linear", layer), keep("up")))
+        hooks.append((hook_name("post", layer), post_hook))
+    return hooks
+
+
+@contextmanager
+def mlm_head_rescale(
+    model: Any, reference_rows: Tensor | None, *, eps: float = RESCALE_EPS
+) -> Iterator[None]:
+    """Rescale rule through the GELU inside BERT's MLM head (it has no hook point).
+
+    ``reference_rows``: the head's input ``x₀`` on the reference pass (the final residual at the
+    target rows, ``[n, d_model]``); ``None`` leaves the head alone. A forward pre-hook on
+    ``mlm_head`` keeps the explained input ``x``; one on ``mlm_head.ln`` linearises
+    ``GELU(h)``, ``h = x W + b``, with the multiplier against ``h₀ = x₀ W + b``.
+    """
+    head = getattr(model, "mlm_head", None)
+    if reference_rows is None or head is None:
+        yield
+        return
+    kept: dict[str, Tensor] = {}
+
+    def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
+        kept["x"] = args[0]
+
+    def linearize(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        x = kept.pop("x")
+        h = torch.matmul(x, head.W) + head.b
+        x0 = reference_rows.to(x.device, x.dtype).reshape(x.shape)
+        h0 = torch.matmul(x0, head.W) + head.b
+        m = rescale_multiplier(head.act_fn, h.detach(), h0.detach(), eps)
+        return (linearized(args[0], (h, m)), *args[1:])
+
+    handles = [
+        head.register_forward_pre_hook(keep_input),
+        head.ln.register_forward_pre_hook(linearize),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+__all__ = [
+    "ACTIVATIONS",
+    "CAPTUM_ACTIVATIONS",
+    "RESCALE_EPS",
+    "derivative",
+    "mlm_head_rescale",
+    "reference_hooks",
+    "rescale_applies",
+    "rescale_hooks",
+    "rescale_multiplier",
+]
