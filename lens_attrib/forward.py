@@ -180,3 +180,19 @@ __all__ = [
     "run",
     "target_rows",
 ]
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes free for new tensors on ``device``: CUDA's free memory, else the host's
+    ``MemAvailable`` (``/proc/meminfo``); 4 GiB where neither can be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 * 2**30

@@ -177,3 +177,27 @@ def test_smollm2_first_token_of_a_bos_less_anaphora_prompt(smollm2) -> None:
     assert a.tokens[0][0] == "Tam" and a.scores[0, 0] != 0
     delta = a.meta["explained_value"] - a.meta["baseline_value"]
     assert torch.all(a.meta["completeness_gap"].abs() <= 0.01 * delta.abs())
+
+
+def test_step_batch_follows_the_free_memory(monkeypatch) -> None:
+    from lens_attrib.backend import arch_of, backward_bytes_per_row
+    from lens_attrib.methods import gradient
+
+    model = tiny_llama(dtype=F64)
+    arch = arch_of(model)
+    per_row = backward_bytes_per_row(arch, 5)
+    assert backward_bytes_per_row(arch, 10) > 2 * per_row  # attention grows with length²
+    monkeypatch.setattr(gradient, "available_memory", lambda device: 10 * per_row)
+    assert gradient.rows_per_forward(arch, 5, 64, None, torch.device("cpu")) == 2  # ¼ of 10
+    assert gradient.rows_per_forward(arch, 5, 64, 7, torch.device("cpu")) == 7  # step_batch wins
+    ids = _ids_without_bos(model, "a man likes")
+    length = ids.shape[1] + 1  # with the prepended sink
+    monkeypatch.setattr(
+        gradient, "available_memory", lambda device: 12 * backward_bytes_per_row(arch, length)
+    )
+    small = attribute(model, ids, method="integrated_gradients", n_steps=8)
+    assert small.meta["step_batch"] == [3]
+    monkeypatch.undo()
+    large = attribute(model, ids, method="integrated_gradients", n_steps=8)
+    assert large.meta["step_batch"] == [8]
+    assert torch.allclose(small.scores, large.scores, rtol=1e-12, atol=1e-14)

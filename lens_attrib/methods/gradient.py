@@ -36,11 +36,12 @@ from lens_attrib.backend import (
     EMBEDDINGS,
     Arch,
     arch_of,
+    backward_bytes_per_row,
     embedding_hooks,
     head_output_hooks,
     token_embedding_matrix,
 )
-from lens_attrib.forward import FwdHooks, resid_of, run
+from lens_attrib.forward import FwdHooks, available_memory, resid_of, run
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at, head_relevances
 from lens_attrib.methods.path_quadrature import adaptive_quadrature
@@ -460,10 +461,21 @@ def path_values(
     return torch.cat(out).detach().cpu()
 
 
-def rows_per_forward(length: int, n_points: int, step_batch: int | None) -> int:
-    """Interpolation rows per forward: ``step_batch``, else a budget of 4096 tokens and 2^19
-    attention pairs (as many points as fit, at most all of them)."""
-    return step_batch or max(1, min(n_points, 2**12 // length, 2**19 // length**2))
+STEP_MEMORY_SHARE = 0.25
+"""Share of the free memory (host or GPU) one IG forward's interpolation rows may take."""
+
+
+def rows_per_forward(
+    arch: Arch, length: int, n_points: int, step_batch: int | None, device: torch.device
+) -> int:
+    """Interpolation rows per forward: ``step_batch``, else as many points as fit (at most all
+    of them) in ``STEP_MEMORY_SHARE`` of the free memory on ``device``
+    (:func:`~lens_attrib.backend.backward_bytes_per_row`), and at most 4096 tokens."""
+    if step_batch:
+        return step_batch
+    budget = int(STEP_MEMORY_SHARE * available_memory(device))
+    fit = budget // max(backward_bytes_per_row(arch, length), 1)
+    return max(1, min(n_points, 2**12 // length, fit))
 
 
 def _steps_check(value: Any) -> str | None:
@@ -561,7 +573,8 @@ def integrated_gradients(
                ("The capital of France is": 0.5 % at 560).
     The target token (default: the prediction on the real input as given) is fixed before
     integrating. Every item runs alone, without padding: its interpolation points are the rows
-    of a batch, ``step_batch`` rows per forward (default: a memory budget).
+    of a batch, ``step_batch`` rows per forward (default: as many as fit in a quarter of the
+    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``).
     """
     if isinstance(n_steps, int):
         quadrature(n_steps, rule)  # bad counts are errors before any forward
@@ -582,17 +595,18 @@ def integrated_gradients(
     scores = scores.to(batch.tokens.device)
     gaps = torch.zeros(batch.size, dtype=real.value.dtype)
     used, panels, batches = [0] * batch.size, [1] * batch.size, [0] * batch.size
+    device = batch.tokens.device
     for b, path in enumerate(paths):
         if isinstance(n_steps, int):
             alphas, weights = quadrature(n_steps, rule)
-            rows = rows_per_forward(path.batch.length, n_steps, step_batch)
+            rows = rows_per_forward(arch, path.batch.length, n_steps, step_batch, device)
             total = path_integral(model, path, names, head, alphas, weights, rows)
             item_scores = grad_x_input_scores(path.deltas, total)[0]
             gap = float(path.value - path.base_value - item_scores.sum())
             used[b] = n_steps
         else:
             a0, w0 = quadrature(PANEL_POINTS, rule)
-            rows = rows_per_forward(path.batch.length, max_steps, step_batch)
+            rows = rows_per_forward(arch, path.batch.length, max_steps, step_batch, device)
             result = adaptive_quadrature(
                 functools.partial(path_node_scores, model, path, names, head, rows=rows),
                 functools.partial(path_values, model, path, names, head, rows=rows),
