@@ -349,9 +349,10 @@ def pearson_drop_rows(
 
     n = len(full)
     rng = np.random.default_rng(seed)
-    boot = [drop(torch.as_tensor(rng.integers(0, n, n))) for _ in range(1000)]
-    value = drop(torch.arange(n))
-    low, high = np.quantile(np.asarray(boot), [0.025, 0.975])
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated item
+        boot = np.asarray([drop(torch.as_tensor(rng.integers(0, n, n))) for _ in range(1000)])
+        value = drop(torch.arange(n))
+    low, high = np.quantile(boot[np.isfinite(boot)], [0.025, 0.975])
     row = {"dataset": dataset, "method": method, "n": n, "n_total": n}
     rows = [
         {
