@@ -300,6 +300,18 @@ def item_records(
     ]
 
 
+def append_partial(out: str, records: list[dict[str, Any]]) -> None:
+    """Append records to ``<out>/faithfulness.partial.jsonl`` as they are made, so that a run
+    stopped early still leaves its per-item records (summarize them with records.summarize)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "faithfulness.partial.jsonl").open("a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+
+
 # ------------------------------------------------------------------------------- classifiers
 def classifier_items(
     model: Any, clf: Classifier, dataset: str, args: Any
@@ -416,7 +428,9 @@ def run_classifiers(
                 aopc_parts[method].append(res_a)
                 if res_d is not None:
                     soft_parts[method].append(res_d)
-                records += item_records(dataset, start, method, values, gold, pred)
+                new = item_records(dataset, start, method, values, gold, pred)
+                records += new
+                append_partial(args.out, new)
         if regression:
             for method in methods:
                 part = aopc_parts[method]
