@@ -60,7 +60,7 @@ from experiments.common import (
 )
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
-from lens_attrib.classifiers import Classifier, load_classifier, stsb_inputs, stsb_split
+from lens_attrib.classifiers import Classifier, load_classifier, pair_ids, stsb_split
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import aopc, insertion_deletion, pearson_drop, soft_metrics
@@ -119,7 +119,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         "--max-tokens",
         type=int,
         default=32,
-        help="truncate each review / passage to this many tokens",
+        help="truncate each review / passage / sentence of a pair to this many tokens",
     )
     parser.add_argument("--n-draws", type=int, default=2, help="Monte-Carlo draws for Soft")
     parser.add_argument("--pis", default="0.2,0.5,0.8", help="π grid (the paper: 0.05,0.1,…,0.95)")
@@ -316,16 +316,26 @@ def append_partial(out: str, records: list[dict[str, Any]]) -> None:
 def classifier_items(
     model: Any, clf: Classifier, dataset: str, args: Any
 ) -> tuple[list[Any], list[Any]]:
-    """(inputs, gold labels / scores) of the evaluated items: SST-2 dev sentences (truncated
-    to ``--max-tokens``), or the STS-B pairs the regression head was not trained on."""
+    """(inputs, gold labels / scores) of the evaluated items: SST-2 dev sentences, or the
+    STS-B pairs the regression head was not trained on (each text truncated to
+    ``--max-tokens``)."""
     if dataset == "sst2":
         items = load_sst2("validation", n=args.n, seed=args.seed)
-        inputs = [truncate(model.tokenizer, it.prompt, args.max_tokens) for it in items]
-        return inputs, [it.label for it in items]
+        sentences = [truncate(model.tokenizer, it.prompt, args.max_tokens) for it in items]
+        return sentences, [it.label for it in items]
     if dataset == "stsb":
         _, held = stsb_split()
         items = held[: args.n]
-        return stsb_inputs(model, items), [it.meta["score"] for it in items]
+        tok = model.tokenizer
+        pairs = [
+            pair_ids(
+                tok,
+                truncate(tok, it.meta["sentence1"], args.max_tokens),
+                truncate(tok, it.meta["sentence2"], args.max_tokens),
+            )
+            for it in items
+        ]
+        return pairs, [it.meta["score"] for it in items]
     raise SystemExit(f"unknown classifier dataset {dataset!r}: use sst2 or stsb")
 
 
@@ -569,7 +579,7 @@ def render(
     else:
         setting = "trained classifier heads"
     lines = [
-        f"Faithfulness on {args.model} ({setting}, ≤{args.max_tokens} text tokens; AOPC "
+        f"Faithfulness on {args.model} ({setting}, ≤{args.max_tokens} tokens per text; AOPC "
         f"fractions {args.fractions}; π grid {args.pis}, {args.n_draws} draws; mean over items)"
     ]
     for dataset in datasets:
