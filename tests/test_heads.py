@@ -12,9 +12,11 @@ from lens_attrib import Target, attribute, to_batch
 from lens_attrib.classifiers import ClassifierInfo, train_or_load
 from lens_attrib.forward import no_grad_context, resid_of
 from lens_attrib.heads import (
+    LinearHead,
     evaluate_head,
     feature_position,
     fit_head,
+    head_norm,
     load_head,
     residual_features,
     save_head,
@@ -137,3 +139,16 @@ def test_load_head_refuses_another_model(trained, tmp_path):
     other = tiny_llama(d_model=16, d_head=4)
     with pytest.raises(ValueError, match="d_model"):
         load_head(tmp_path, other)
+
+
+def test_alti_logit_reads_a_linear_head_through_ln_final():
+    """ALTI-Logit with a LinearHead whose map is the unembedding equals the default head's."""
+    model = tiny_llama()
+    head = LinearHead(model.cfg.d_model, model.cfg.d_vocab, head_norm(model))
+    with torch.no_grad():
+        head.linear.weight.copy_(model.unembed.W_U.T)
+        head.linear.bias.copy_(model.unembed.b_U)
+    prompts = ["the keys to the cabinet", "the author near the doors is"]
+    ours = attribute(model, prompts, Target(head=head, token=7), method="alti_logit")
+    default = attribute(model, prompts, Target(token=7), method="alti_logit")
+    torch.testing.assert_close(ours.scores, default.scores, rtol=1e-5, atol=1e-6)
