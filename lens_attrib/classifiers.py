@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from lens_attrib.heads import (
+    WEIGHT_DECAYS,
     LinearHead,
     evaluate_head,
     feature_position,
@@ -192,6 +193,7 @@ def train_or_load(
     batch_size: int = 32,
     model_name: str | None = None,
     extra: dict[str, Any] | None = None,
+    weight_decays: Sequence[float] = WEIGHT_DECAYS,
 ) -> tuple[LinearHead, dict[str, Any]]:
     """The head saved in ``folder``, or train it (features → :func:`fit_head`), score it on the
     dev data, save it there and return it with its metadata. The features are kept in
@@ -213,7 +215,13 @@ def train_or_load(
         torch.save({"train": features, "dev": dev_features, "data_hash": key}, cached)
     feature_seconds = time.perf_counter() - started
     head, fit_info = fit_head(
-        model, features, train_targets, n_out=n_out, regression=regression, seed=seed
+        model,
+        features,
+        train_targets,
+        n_out=n_out,
+        regression=regression,
+        seed=seed,
+        weight_decays=weight_decays,
     )
     dev_score = evaluate_head(head, dev_features, dev_targets, regression)
     metadata = {

@@ -125,10 +125,10 @@ def test_regression_head_fits_a_linear_target(model):
 def test_train_or_load_trains_once(model, tmp_path):
     texts, labels = toy_sentiment(2)
     args = (texts[:40], labels[:40], texts[40:], labels[40:])
-    head, meta = train_or_load(model, tmp_path, *args, n_out=2, seed=1)
+    head, meta = train_or_load(model, tmp_path, *args, n_out=2, seed=1, weight_decays=(1e-3,))
     assert meta["n_train"] == 40 and meta["seed"] == 1 and len(meta["data_hash"]) == 64
     assert 0.0 <= meta["dev_score"] <= 1.0
-    again, meta2 = train_or_load(model, tmp_path, *args, n_out=2, seed=1)
+    again, meta2 = train_or_load(model, tmp_path, *args, n_out=2, seed=1, weight_decays=(1e-3,))
     assert meta2 == meta
     assert torch.equal(again.linear.weight, head.linear.weight)
 
