@@ -225,7 +225,8 @@ def save_head(head: LinearHead, folder: str | Path, metadata: dict[str, Any]) ->
 
 
 def load_head(folder: str | Path, model: Any) -> tuple[LinearHead, dict[str, Any]]:
-    """The head saved in ``folder`` on ``model`` (bit-exact weights) and its metadata."""
+    """The head saved in ``folder`` on ``model`` and its metadata; the weights are bit-exact
+    when the model's dtype is the saved one (else they are cast to the model's dtype)."""
     from safetensors.torch import load_file
 
     path = Path(folder)
@@ -245,7 +246,7 @@ def load_head(folder: str | Path, model: Any) -> tuple[LinearHead, dict[str, Any
     state = load_file(str(path / "head.safetensors"))
     head.linear.to(state["weight"].dtype).load_state_dict(state)
     head.requires_grad_(False)
-    return head.to(device=model.cfg.device), meta
+    return head.to(device=model.cfg.device, dtype=model.cfg.dtype), meta
 
 
 __all__ = [
