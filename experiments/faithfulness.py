@@ -1,31 +1,45 @@
-"""Faithfulness by perturbation (NormXLogit paper Table 1; π-Soft paper Tables 1–2 analogue).
+"""Faithfulness by perturbation (NormXLogit paper Table 1/3; π-Soft paper Tables 1–2 analogue).
 
-Zero-shot classification with an instruction-tuned decoder (SmolLM2-135M-Instruct by default):
-SST-2 (validation), an IMDb sample and BoolQ (validation) become chat prompts —
-``tokenizer.apply_chat_template`` with the generation prompt, followed by ``"Sentiment:"`` /
-``"Answer:"`` in the assistant turn — or, without a chat template, plain
-``"Review: …\\nSentiment (Positive or Negative):"`` / ``"…\\nQuestion: …?\\nAnswer (true or
-false):"`` prompts. Labels are the single tokens ``" Positive"``/``" Negative"`` and
-``" true"``/``" false"`` (checked). The explained target is the label the model prefers of the
-two (its zero-shot prediction); accuracy against the gold label is reported beside.
+Two modes (``--mode``):
 
-Metrics per method (:mod:`lens_attrib.evaluation`):
+- ``classifier`` (default): the built-in trained classifiers of :mod:`lens_attrib.classifiers`
+  (a linear head on the frozen model's final residual, trained once and cached):
+  ``<model>-sst2`` (SmolLM2-135M or MiniLM-L6) on SST-2 dev sentences, ``minilm-l6-stsb`` on the
+  held-out 30 % of STS-B dev (regression). The explained scalar is the head's logit of its
+  predicted class (regression: its output), ``Target(head=…, position=<feature position>)``.
+- ``zero-shot``: an instruction-tuned decoder (SmolLM2-135M-Instruct) prompted for the label:
+  SST-2 (validation), an IMDb sample and BoolQ (validation) become chat prompts —
+  ``tokenizer.apply_chat_template`` with the generation prompt, followed by ``"Sentiment:"`` /
+  ``"Answer:"`` in the assistant turn — or, without a chat template, plain
+  ``"Review: …\\nSentiment (Positive or Negative):"`` / ``"…\\nQuestion: …?\\nAnswer (true or
+  false):"`` prompts. Labels are the single tokens ``" Positive"``/``" Negative"`` and
+  ``" true"``/``" false"`` (checked); the explained target is the label the model prefers.
 
-- AOPC comprehensiveness (↑) and sufficiency (↓): delete the top-k% (or all but the top-k%)
-  tokens, k = 10…90 %, probability of the explained label (NormXLogit paper Table 1);
-- π-Soft-NC (↑) / π-Soft-NS (↑): area under the π curve (Huang & Chan), with dynamic routing and
-  with fixed routing (the clean run's attention replayed);
-- raw Soft-NC / Soft-NS (Zhao & Aletras) and the expected number of retained tokens E[R] of the
-  Soft-NS perturbation — which differs between methods, the bias the π variants remove.
+Metrics per method (:mod:`lens_attrib.evaluation`; methods that do not apply to the model's
+architecture are skipped, e.g. ALTI-Logit on the encoder):
 
-Special tokens (``<|im_start|>``…) are never perturbed; the decoder's last token is kept (the
-prediction is read there). Long inputs are truncated to ``--max-tokens`` tokens of text.
+- AOPC comprehensiveness (↑) and sufficiency (↓) over the fractions ``--fractions`` (the
+  NormXLogit paper's K = 10…90 %), probability of the explained class (regression: the head's
+  output); decoders delete tokens, encoders replace them by ``[MASK]``;
+- accuracy under perturbation (↓; classification, against the gold labels) and, for STS-B, the
+  Pearson drop ``r(full, gold) − r(perturbed, gold)`` (↑) averaged over the fractions, with a
+  bootstrap interval over items;
+- π-Soft-NC (↑) / π-Soft-NS (↑) with dynamic and fixed routing, raw Soft-NC / Soft-NS and the
+  expected number of retained tokens E[R] of the Soft-NS perturbation (classification only: the
+  soft metrics compare output distributions, which a one-output regression head does not have);
+- insertion / deletion AUC of the explained class's probability (classification; ``--steps``).
 
-    python -m experiments.faithfulness --model smollm2-135m --n 2 --out results/faithfulness
+Every cell is a mean over items with a 95 % percentile-bootstrap interval (records.summarize).
+Special tokens are never perturbed; the decoder's last token is kept (the class is read there).
+
+    python -m experiments.faithfulness --model smollm2-135m --datasets sst2 --n 2
+    python -m experiments.faithfulness --model minilm-l6 --datasets sst2,stsb --n 2
+    python -m experiments.faithfulness --mode zero-shot --datasets sst2,imdb,boolq --n 2
 
 Defaults are sized for a shared 2-core CPU (2 items per dataset, 5 methods, 4 AOPC fractions, a
-3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 200 --methods
-alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,deeplift,reagent,random
+3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 500 --methods
+alti_logit,attnlrp,lrp,gradient,grad_x_input,integrated_gradients,logat,normxlogit,grad_ellm,
+deeplift,reagent,random`` (encoders: ``…,decompx,globenc``)
 --fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95 --n-draws 15
 --max-tokens 256 --device cuda``.
 """
@@ -45,11 +59,14 @@ from experiments.common import (
     setup,
     write_outputs,
 )
-from lens_attrib import Target, attribute
+from lens_attrib import METHODS, Target, attribute
+from lens_attrib.backend import arch_of
+from lens_attrib.classifiers import Classifier, load_classifier, pair_ids, stsb_split
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
-from lens_attrib.evaluation import aopc, soft_metrics
+from lens_attrib.evaluation import aopc, insertion_deletion, pearson_drop, soft_metrics
 from lens_attrib.evaluation.records import summarize as summarize_records
+from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import to_batch
 
@@ -62,6 +79,10 @@ LABELS = {
 COLUMNS = {
     "AOPC-comp ↑": "comprehensiveness",
     "AOPC-suff ↓": "sufficiency",
+    "Acc pert ↓": "accuracy_perturbation",
+    "r drop ↑": "pearson_drop",
+    "Del AUC ↓": "deletion_auc",
+    "Ins AUC ↑": "insertion_auc",
     "πNC ↑": "pi_soft_nc",
     "πNS ↑": "pi_soft_ns",
     "πNC fix ↑": "pi_soft_nc_fixed",
@@ -74,13 +95,32 @@ COLUMNS = {
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser = base_parser(__doc__.split("\n")[0], n=2, out="results/faithfulness")
-    parser.add_argument("--datasets", default="sst2,imdb,boolq")
+    parser.add_argument(
+        "--mode",
+        choices=("classifier", "zero-shot"),
+        default="classifier",
+        help="explain the trained classifier heads (default) or zero-shot prompting",
+    )
+    parser.add_argument(
+        "--datasets",
+        default=None,
+        help="classifier: sst2 (both models), stsb (minilm-l6); zero-shot: sst2,imdb,boolq "
+        "(default: every dataset of the mode that the model has)",
+    )
+    parser.add_argument(
+        "--train-n", type=int, default=None, help="classifier training items (default: built-in)"
+    )
+    parser.add_argument(
+        "--dev-n", type=int, default=None, help="classifier dev items scored (default: all)"
+    )
+    parser.add_argument("--steps", type=int, default=20, help="insertion/deletion steps")
+    parser.add_argument("--no-curves", action="store_true", help="skip insertion/deletion")
     add_methods_argument(parser, DEFAULT_METHODS)
     parser.add_argument(
         "--max-tokens",
         type=int,
         default=32,
-        help="truncate each review / passage to this many tokens",
+        help="truncate each review / passage / sentence of a pair to this many tokens",
     )
     parser.add_argument("--n-draws", type=int, default=2, help="Monte-Carlo draws for Soft")
     parser.add_argument("--pis", default="0.2,0.5,0.8", help="π grid (the paper: 0.05,0.1,…,0.95)")
@@ -157,29 +197,15 @@ def predict(model: Any, prompts: list[str], ids: list[int]) -> list[int]:
 def evaluate_batch(
     model: Any, attr: Any, args: Any, pis: list[float]
 ) -> tuple[dict[str, torch.Tensor], Any, Any]:
-    """All metric columns for one Attribution, plus the AOPC and dynamic Soft results."""
+    """All zero-shot metric columns for one Attribution, plus the AOPC and dynamic Soft
+    results."""
     values: dict[str, torch.Tensor] = {}
     fractions = [float(f) for f in parse_list(args.fractions)]
     res_a = aopc(model, attr, fractions=fractions, label="target", max_batch=args.max_batch)
     values["comprehensiveness"] = res_a.comprehensiveness
     values["sufficiency"] = res_a.sufficiency
-    res_d = None
-    for routing in ("dynamic",) if args.no_fixed else ("dynamic", "fixed"):
-        res = soft_metrics(
-            model,
-            attr,
-            pis=pis,
-            n_draws=args.n_draws,
-            routing=routing,
-            seed=args.seed,
-            max_batch=args.max_batch,
-        )
-        suffix = "" if routing == "dynamic" else "_fixed"
-        for key, v in res.as_dict().items():
-            values[key + suffix] = v
-        if routing == "dynamic":
-            res_d = res
-    return values, res_a, res_d
+    soft, res_d = soft_values(model, attr, args, pis)
+    return {**values, **soft}, res_a, res_d
 
 
 def concat_results(parts: list[Any]) -> Any:
@@ -201,9 +227,303 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
-    tok = model.tokenizer
+    encoder = arch_of(model).encoder
+    if args.datasets is None:
+        args.datasets = (
+            "sst2,imdb,boolq" if args.mode == "zero-shot" else "sst2,stsb" if encoder else "sst2"
+        )
     methods, datasets = parse_list(args.methods), parse_list(args.datasets)
+    skipped = [m for m in methods if not (METHODS[m].encoder if encoder else METHODS[m].decoder)]
+    methods = [m for m in methods if m not in skipped]
+    if skipped:
+        print(f"skipped (do not apply to this architecture): {', '.join(skipped)}", flush=True)
     pis = [float(p) for p in parse_list(args.pis)]
+    run = run_zero_shot if args.mode == "zero-shot" else run_classifiers
+    records, accuracy, figs, examples, extra_rows = run(model, args, datasets, methods, pis)
+    summary = summarize(records) + extra_rows
+    table = render(summary, datasets, methods, accuracy, args)
+    print(table)
+    paths = write_outputs(
+        args.out,
+        "faithfulness",
+        config={**vars(args), "pis": pis, "methods": methods, "skipped_methods": skipped},
+        summary=summary,
+        records=records,
+        figures=figs,
+        table=table,
+        extra={"accuracy": accuracy},
+        examples=examples,
+        argv=argv,
+        started=started,
+    )
+    return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
+
+
+Run = tuple[list[dict[str, Any]], dict[str, float], list[Any], list[Any], list[dict[str, Any]]]
+
+
+def curve_figures(dataset: str, aopc_parts: dict[str, list[Any]], soft_parts: dict[str, list[Any]]):
+    """AOPC curves and (when computed) π-Soft curves of one dataset."""
+    from lens_attrib.plot import aopc_curves, pi_curves
+
+    figs = [
+        aopc_curves(
+            {m: concat_results(p) for m, p in aopc_parts.items()}, title=f"{dataset}: AOPC curves"
+        )
+    ]
+    soft = {m: concat_results(p) for m, p in soft_parts.items() if p}
+    if soft:
+        figs.append(pi_curves(soft, title=f"{dataset}: π-Soft curves (dynamic routing)"))
+    return figs
+
+
+def item_records(
+    dataset: str,
+    start: int,
+    method: str,
+    values: dict[str, torch.Tensor],
+    gold: list[Any],
+    pred: list[Any],
+) -> list[dict[str, Any]]:
+    """One record per item × metric of a batch starting at item ``start``."""
+    return [
+        {
+            "dataset": dataset,
+            "item": start + j,
+            "method": method,
+            "metric": metric,
+            "value": float(v),
+            "gold": gold[start + j],
+            "prediction": pred[start + j],
+        }
+        for metric, column in values.items()
+        for j, v in enumerate(column.tolist())
+    ]
+
+
+def append_partial(out: str, records: list[dict[str, Any]]) -> None:
+    """Append records to ``<out>/faithfulness.partial.jsonl`` as they are made, so that a run
+    stopped early still leaves its per-item records (summarize them with records.summarize)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "faithfulness.partial.jsonl").open("a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+
+
+# ------------------------------------------------------------------------------- classifiers
+def classifier_items(
+    model: Any, clf: Classifier, dataset: str, args: Any
+) -> tuple[list[Any], list[Any]]:
+    """(inputs, gold labels / scores) of the evaluated items: SST-2 dev sentences, or the
+    STS-B pairs the regression head was not trained on (each text truncated to
+    ``--max-tokens``)."""
+    if dataset == "sst2":
+        items = load_sst2("validation", n=args.n, seed=args.seed)
+        sentences = [truncate(model.tokenizer, it.prompt, args.max_tokens) for it in items]
+        return sentences, [it.label for it in items]
+    if dataset == "stsb":
+        _, held = stsb_split()
+        items = held[: args.n]
+        tok = model.tokenizer
+        pairs = [
+            pair_ids(
+                tok,
+                truncate(tok, it.meta["sentence1"], args.max_tokens),
+                truncate(tok, it.meta["sentence2"], args.max_tokens),
+            )
+            for it in items
+        ]
+        return pairs, [it.meta["score"] for it in items]
+    raise SystemExit(f"unknown classifier dataset {dataset!r}: use sst2 or stsb")
+
+
+def classifier_outputs(model: Any, clf: Classifier, inputs: list[Any]) -> torch.Tensor:
+    """The head's outputs ``[n, n_out]`` at the feature position of every input."""
+    batch = to_batch(model, inputs)
+    positions = clf.target().positions(batch)
+    return head_outputs(model, batch.tokens, batch.mask, positions, head=clf.head).cpu()
+
+
+def pearson_drop_rows(
+    dataset: str,
+    method: str,
+    full: torch.Tensor,
+    perturbed: torch.Tensor,
+    gold: torch.Tensor,
+    fractions: list[float],
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Summary rows of the dataset-level Pearson drop (mean over fractions; its percentile
+    bootstrap over items, 1000 resamples) and of the drop at every fraction."""
+    import numpy as np
+
+    def drop(idx: torch.Tensor) -> float:
+        return float(
+            np.mean(
+                [
+                    pearson_drop(full[idx], perturbed[idx, k], gold[idx])
+                    for k in range(len(fractions))
+                ]
+            )
+        )
+
+    n = len(full)
+    rng = np.random.default_rng(seed)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated item
+        boot = np.asarray([drop(torch.as_tensor(rng.integers(0, n, n))) for _ in range(1000)])
+        value = drop(torch.arange(n))
+    low, high = np.quantile(boot[np.isfinite(boot)], [0.025, 0.975])
+    row = {"dataset": dataset, "method": method, "n": n, "n_total": n}
+    rows = [
+        {
+            **row,
+            "metric": "pearson_drop",
+            "mean": value,
+            "ci_low": float(low),
+            "ci_high": float(high),
+        }
+    ]
+    for k, f in enumerate(fractions):
+        single = pearson_drop(full, perturbed[:, k], gold)
+        rows.append({**row, "metric": f"pearson_drop@{f:g}", "mean": single})
+    return rows
+
+
+def run_classifiers(
+    model: Any, args: Any, datasets: list[str], methods: list[str], pis: list[float]
+) -> Run:
+    """Faithfulness of every method on the trained classifiers (module docstring)."""
+    records: list[dict[str, Any]] = []
+    accuracy: dict[str, float] = {}
+    figs: list[Any] = []
+    examples: list[Any] = []
+    extra_rows: list[dict[str, Any]] = []
+    fractions = [float(f) for f in parse_list(args.fractions)]
+    for dataset in datasets:
+        clf = load_classifier(
+            f"{args.model}-{dataset}", model=model, n_train=args.train_n, n_dev=args.dev_n
+        )
+        regression = clf.info.regression
+        inputs, gold = classifier_items(model, clf, dataset, args)
+        out = classifier_outputs(model, clf, inputs)
+        pred: list[Any] = out[:, 0].tolist() if regression else out.argmax(-1).tolist()
+        gold_t = torch.as_tensor(gold)
+        if regression:
+            accuracy[dataset] = float(
+                torch.corrcoef(torch.stack([out[:, 0].double(), gold_t.double()]))[0, 1]
+            )
+        else:
+            accuracy[dataset] = float((out.argmax(-1) == gold_t).double().mean())
+        dev = clf.info.metadata.get("dev_score", float("nan"))
+        print(
+            f"{dataset}: {len(inputs)} items, classifier {clf.info.name} "
+            f"{'Pearson r' if regression else 'accuracy'} {accuracy[dataset]:.3f} here, "
+            f"{dev:.3f} on its dev set",
+            flush=True,
+        )
+        aopc_parts: dict[str, list[Any]] = {m: [] for m in methods}
+        soft_parts: dict[str, list[Any]] = {m: [] for m in methods}
+        for start in range(0, len(inputs), args.batch_size):
+            sl = slice(start, start + args.batch_size)
+            for method in methods:
+                opts = {"seed": args.seed + start} if method == "random" else {}
+                attr = attribute(model, inputs[sl], clf.target(), method=method, **opts)
+                if start == 0 and dataset == datasets[0]:
+                    examples.append(attr[0])
+                values, res_a, res_d = classifier_metrics(
+                    model, clf, attr, args, pis, fractions, None if regression else gold_t[sl]
+                )
+                aopc_parts[method].append(res_a)
+                if res_d is not None:
+                    soft_parts[method].append(res_d)
+                new = item_records(dataset, start, method, values, gold, pred)
+                records += new
+                append_partial(args.out, new)
+        if regression:
+            for method in methods:
+                part = aopc_parts[method]
+                full = torch.cat([r.p_full for r in part])
+                perturbed = torch.cat([r.perturbed_values["without_top"] for r in part])
+                extra_rows += pearson_drop_rows(
+                    dataset, method, full, perturbed, gold_t.double(), fractions, args.seed
+                )
+        if inputs:
+            figs += curve_figures(dataset, aopc_parts, soft_parts)
+    return records, accuracy, figs, examples, extra_rows
+
+
+def classifier_metrics(
+    model: Any,
+    clf: Classifier,
+    attr: Any,
+    args: Any,
+    pis: list[float],
+    fractions: list[float],
+    gold: torch.Tensor | None,
+) -> tuple[dict[str, torch.Tensor], Any, Any]:
+    """The metric columns of one Attribution of a classifier (regression: AOPC only)."""
+    head = clf.head
+    values: dict[str, torch.Tensor] = {}
+    res_a = aopc(
+        model,
+        attr,
+        fractions=fractions,
+        head=head,
+        label="target",
+        gold=gold,
+        max_batch=args.max_batch,
+    )
+    values["comprehensiveness"] = res_a.comprehensiveness
+    values["sufficiency"] = res_a.sufficiency
+    if gold is None:
+        return values, res_a, None
+    values["accuracy_perturbation"] = res_a.accuracy
+    if not args.no_curves:
+        curves = insertion_deletion(
+            model, attr, steps=args.steps, head=head, label="target", max_batch=args.max_batch
+        )
+        values["deletion_auc"] = curves.deletion_auc
+        values["insertion_auc"] = curves.insertion_auc
+        values["deletion_flip"] = curves.deletion_flip_fraction
+        values["insertion_flip"] = curves.insertion_flip_fraction
+    soft, res_d = soft_values(model, attr, args, pis, head)
+    return {**values, **soft}, res_a, res_d
+
+
+def soft_values(
+    model: Any, attr: Any, args: Any, pis: list[float], head: Any = None
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """Soft / π-Soft columns under dynamic (and unless ``--no-fixed``, fixed) routing."""
+    values: dict[str, torch.Tensor] = {}
+    res_d = None
+    for routing in ("dynamic",) if args.no_fixed else ("dynamic", "fixed"):
+        res = soft_metrics(
+            model,
+            attr,
+            pis=pis,
+            n_draws=args.n_draws,
+            routing=routing,
+            seed=args.seed,
+            max_batch=args.max_batch,
+            head=head,
+        )
+        suffix = "" if routing == "dynamic" else "_fixed"
+        for key, v in res.as_dict().items():
+            values[key + suffix] = v
+        if routing == "dynamic":
+            res_d = res
+    return values, res_d
+
+
+# ------------------------------------------------------------------------------- zero-shot
+def run_zero_shot(
+    model: Any, args: Any, datasets: list[str], methods: list[str], pis: list[float]
+) -> Run:
+    """Faithfulness of every method on zero-shot label prompts (module docstring)."""
+    tok = model.tokenizer
     records: list[dict[str, Any]] = []
     accuracy: dict[str, float] = {}
     figs: list[Any] = []
@@ -222,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"prompt tokens {min(lengths)}–{max(lengths)}",
             flush=True,
         )
+        gold = [it.label for it in items]
         aopc_parts: dict[str, list[Any]] = {m: [] for m in methods}
         soft_parts: dict[str, list[Any]] = {m: [] for m in methods}
         for start in range(0, len(prompts), args.batch_size):
@@ -235,51 +556,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 values, res_a, res_d = evaluate_batch(model, attr, args, pis)
                 aopc_parts[method].append(res_a)
                 soft_parts[method].append(res_d)
-                for metric, column in values.items():
-                    for j, v in enumerate(column.tolist()):
-                        records.append(
-                            {
-                                "dataset": dataset,
-                                "item": start + j,
-                                "method": method,
-                                "metric": metric,
-                                "value": float(v),
-                                "gold": items[start + j].label,
-                                "prediction": pred[start + j],
-                            }
-                        )
+                records += item_records(dataset, start, method, values, gold, pred)
         if prompts:
-            from lens_attrib.plot import aopc_curves, pi_curves
-
-            figs.append(
-                aopc_curves(
-                    {m: concat_results(p) for m, p in aopc_parts.items()},
-                    title=f"{dataset}: AOPC curves",
-                )
-            )
-            figs.append(
-                pi_curves(
-                    {m: concat_results(p) for m, p in soft_parts.items()},
-                    title=f"{dataset}: π-Soft curves (dynamic routing)",
-                )
-            )
-    summary = summarize(records)
-    table = render(summary, datasets, methods, accuracy, args)
-    print(table)
-    paths = write_outputs(
-        args.out,
-        "faithfulness",
-        config={**vars(args), "pis": pis},
-        summary=summary,
-        records=records,
-        figures=figs,
-        table=table,
-        extra={"accuracy": accuracy},
-        examples=examples,
-        argv=argv,
-        started=started,
-    )
-    return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
+            figs += curve_figures(dataset, aopc_parts, soft_parts)
+    return records, accuracy, figs, examples, []
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -295,17 +575,23 @@ def render(
     args: Any,
 ) -> str:
     index = {(r["dataset"], r["method"], r["metric"]): r["mean"] for r in summary}
+    if args.mode == "zero-shot":
+        setting = f"zero-shot, {'chat' if not args.no_chat else 'plain'} prompts"
+    else:
+        setting = "trained classifier heads"
     lines = [
-        f"Faithfulness on {args.model} (zero-shot, {'chat' if not args.no_chat else 'plain'}"
-        f" prompts, ≤{args.max_tokens} text tokens; π grid {args.pis}, {args.n_draws} "
-        "draws; mean over items)"
+        f"Faithfulness on {args.model} ({setting}, ≤{args.max_tokens} tokens per text; AOPC "
+        f"fractions {args.fractions}; π grid {args.pis}, {args.n_draws} draws; mean over items)"
     ]
     for dataset in datasets:
-        cols = [c for c, key in COLUMNS.items() if any(k[2] == key for k in index)]
+        cols = [
+            c for c, key in COLUMNS.items() if any(k[0] == dataset and k[2] == key for k in index)
+        ]
         rows = [[m] + [index.get((dataset, m, COLUMNS[c])) for c in cols] for m in methods]
+        what = "zero-shot accuracy" if args.mode == "zero-shot" else "classifier score"
         lines += [
             "",
-            f"[{dataset}] zero-shot accuracy {accuracy.get(dataset, float('nan')):.2f}",
+            f"[{dataset}] {what} {accuracy.get(dataset, float('nan')):.3f}",
             format_table(rows, ["method", *cols]),
         ]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
 """
 
 from lens_attrib.attribution import Attribution
+from lens_attrib.classifiers import Classifier, load_classifier
 from lens_attrib.errors import InputError, ModelError, OptionError, TargetError
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.methods import METHODS, MethodSpec, attribute
@@ -17,6 +18,7 @@ __all__ = [
     "METHODS",
     "Attribution",
     "Batch",
+    "Classifier",
     "InputError",
     "MethodSpec",
     "ModelError",
@@ -25,6 +27,7 @@ __all__ = [
     "Target",
     "TargetError",
     "attribute",
+    "load_classifier",
     "load_model",
     "to_batch",
 ]

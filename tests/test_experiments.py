@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,8 @@ def test_faithfulness(tmp_path):
 
     faithfulness.main(
         [
+            "--mode",
+            "zero-shot",
             "--n",
             "1",
             "--datasets",
@@ -196,6 +199,44 @@ def test_faithfulness(tmp_path):
             # NC = H(p, q) / H(p, p0) may exceed 1 (a perturbation further than the baseline)
             assert r["mean"] is None or r["mean"] >= 0.0
     assert _in_unit(payload["accuracy"]["sst2"])
+
+
+def test_faithfulness_classifiers(tmp_path, minilm, monkeypatch):
+    """Classifier mode on MiniLM (SST-2 classification and STS-B regression), with heads
+    trained on a few items in a temporary cache (the built-in ones are not trained here)."""
+    from experiments import faithfulness
+    from lens_attrib import classifiers
+
+    monkeypatch.setattr(
+        classifiers, "load_classifier", partial(classifiers.load_classifier, cache_dir=tmp_path)
+    )
+    monkeypatch.setattr(faithfulness, "load_classifier", classifiers.load_classifier)
+    common._MODELS[("minilm-l6", "cpu")] = minilm
+    try:
+        faithfulness.main(
+            [
+                *("--model", "minilm-l6", "--n", "5", "--train-n", "24", "--dev-n", "8"),
+                *("--methods", "normxlogit,alti_logit,random", "--fractions", "0.5"),
+                *("--pis", "0.3,0.7", "--n-draws", "1", "--steps", "4", "--out", str(tmp_path)),
+            ]
+        )
+    finally:
+        common._MODELS.pop(("minilm-l6", "cpu"), None)
+    payload, _ = _outputs(tmp_path, "faithfulness")
+    assert payload["config"]["skipped_methods"] == ["alti_logit"]  # decoder only
+    metrics = {(r["dataset"], r["metric"]) for r in payload["summary"]}
+    assert {
+        ("sst2", m) for m in ("accuracy_perturbation", "deletion_auc", "pi_soft_ns_fixed")
+    } <= metrics
+    assert {("stsb", "comprehensiveness"), ("stsb", "pearson_drop")} <= metrics
+    assert not any(d == "stsb" and m.startswith(("soft", "pi_soft")) for d, m in metrics)
+    assert _in_unit(payload["accuracy"]["sst2"])
+    assert -1.0 <= payload["accuracy"]["stsb"] <= 1.0
+    for r in payload["summary"]:
+        if r["metric"] in ("accuracy_perturbation", "deletion_auc", "insertion_auc"):
+            assert _in_unit(r["mean"])
+        if r["metric"] == "pearson_drop":
+            assert r["ci_low"] <= r["mean"] <= r["ci_high"]
 
 
 def test_prompt_labels_are_single_tokens(smollm2):

@@ -301,13 +301,21 @@ def logit_direction(
     model: Any, target: Target, resolved: ResolvedTarget, final_scale: Tensor | None, dtype: Any
 ) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch"]]:
     """``u`` (final norm folded into the head direction) and the constant bias term."""
-    if target.head is not None:
-        head = target.head
+    head = target.head
+    # a trained class head h(x) = linear(ln_final(x)) (lens_attrib.heads.LinearHead) has the
+    # default head's structure: its linear map takes the place of the unembedding below
+    normed = (
+        head is not None
+        and isinstance(getattr(head, "linear", None), nn.Linear)
+        and getattr(head, "norm", None) is final_norm(model)
+    )
+    if head is not None and not normed:
         if not isinstance(head, nn.Linear):
             raise TargetError(
                 "alti_logit needs a linear head on the final residual: pass Target(head=...) as "
-                "a torch.nn.Linear (its weight gives the direction), or use the default head "
-                f"(ln_final + unembed). Got {type(head).__name__}."
+                "a torch.nn.Linear (its weight gives the direction), a lens_attrib.heads."
+                "LinearHead, or use the default head (ln_final + unembed). Got "
+                f"{type(head).__name__}."
             )
         weight = head.weight.T.to(dtype)
         u = resolved.direction(weight)
@@ -315,7 +323,11 @@ def logit_direction(
         if head.bias is not None:
             const = resolved.select(head.bias.to(dtype)[None].expand(u.shape[0], -1))
         return u, const
-    w_u, b_u = unembedding(model)
+    if normed:
+        linear = head.linear  # type: ignore[union-attr]
+        w_u, b_u = linear.weight.T, linear.bias
+    else:
+        w_u, b_u = unembedding(model)
     d = resolved.direction(w_u.to(dtype))
     const = resolved.select(b_u.to(dtype)[None].expand(d.shape[0], -1))
     ln = norm_params(final_norm(model))
