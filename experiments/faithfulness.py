@@ -39,9 +39,8 @@ Special tokens are never perturbed; the decoder's last token is kept (the class 
 Defaults are sized for a shared 2-core CPU (2 items per dataset, 5 methods, 4 AOPC fractions, a
 3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 500 --methods
 alti_logit,attnlrp,lrp,gradient,grad_x_input,integrated_gradients,logat,normxlogit,grad_ellm,
-deeplift,reagent,random`` (encoders: ``…,decompx,globenc``)
---fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95 --n-draws 15
---max-tokens 256 --device cuda``.
+deeplift,reagent,random --fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95
+--n-draws 15 --max-tokens 256 --device cuda`` (encoders also ``decompx,globenc``).
 """
 
 from __future__ import annotations
