@@ -271,3 +271,26 @@ def test_chunking_does_not_change_the_result(bert, method, chunk):
     whole = attribute(bert, PROMPTS, target, method=method)
     chunked = attribute(bert, PROMPTS, target, method=method, chunk_size=chunk)
     torch.testing.assert_close(chunked.scores, whole.scores, rtol=1e-12, atol=1e-14)
+
+
+def test_decompx_explains_a_trained_encoder_head(bert):
+    from lens_attrib.heads import new_head
+
+    head = new_head(bert, 2)
+    assert head.norm is None
+    torch.manual_seed(1)
+    plain = torch.nn.Linear(head.linear.in_features, 2).to(torch.float64)
+    head.linear.load_state_dict(plain.state_dict())
+    head = head.to(torch.float64)
+    target = Target(1, foil=0, head=head, position=0)
+    ours = attribute(bert, "the dog sees the cat", target, method="decompx", biases="separate")
+    same = attribute(
+        bert,
+        "the dog sees the cat",
+        Target(1, foil=0, head=plain, position=0),
+        method="decompx",
+        biases="separate",
+    )
+    assert torch.equal(ours.scores, same.scores)
+    logit = ours.meta["explained_value"]
+    assert torch.allclose(ours.scores.sum(-1) + ours.parts["bias"], logit, atol=1e-8)

@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from lens_attrib.backend import hook_name
 from lens_attrib.errors import ModelError
 from lens_attrib.forward import Forward, no_grad_context, run
+from lens_attrib.heads import LinearHead
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.alti_mixing import (
     NormParams,
@@ -443,6 +444,8 @@ def check_sum(vectors: Tensor, real: Tensor, layer: int, model_dtype: torch.dtyp
 
 def head_layers(head: Any) -> list[nn.Module]:
     """The head as a list of modules DecompX can decompose, or a TargetError naming the fix."""
+    if isinstance(head, LinearHead) and head.norm is None:  # a trained encoder head: W x + c
+        head = head.linear
     modules = list(head) if isinstance(head, nn.Sequential) else [head]
     for m in modules:
         ok = isinstance(m, (nn.Linear, nn.Identity, *ELEMENTWISE)) or (
@@ -450,7 +453,8 @@ def head_layers(head: Any) -> list[nn.Module]:
         )
         if not ok:
             raise TargetError(
-                "decompx decomposes through a torch.nn.Linear head or an nn.Sequential of "
+                "decompx decomposes through a torch.nn.Linear head (or an encoder's trained "
+                "LinearHead) or an nn.Sequential of "
                 "Linear layers and element-wise activations (e.g. BERT's pooler Linear → Tanh, "
                 f"then the classifier); got {type(m).__name__}. Pass such a head, leave "
                 "Target(head=None) for ℓ2 norms of the final vectors, or use grad_x_input."
