@@ -6,8 +6,9 @@ For input embeddings ``e_i = Σ_k e_i^k`` (token + positional + token-type, or t
 - ``gradient``:      ``R_i = ‖∂f/∂e_i‖_p``  (Simonyan et al. 2014; p = 1 or 2)
 - ``grad_x_input``:  ``R_i = Σ_k Σ_d e_{i,d}^k · ∂f/∂e_{i,d}^k``  (Shrikumar et al. 2016)
 - ``integrated_gradients``: ``R_i = Σ_k Σ_d (e^k − b^k)_{i,d} ∫₀¹ ∂f/∂e^k_{i,d}(b + α(e − b)) dα``
-  (Sundararajan et al. 2017), the integral by a Gauss–Legendre quadrature whose number of
-  points grows until completeness holds to 1 %; every item alone, its points batched.
+  (Sundararajan et al. 2017), the integral by Gauss–Legendre panels bisected where the local
+  completeness check fails, until completeness holds to 1 % (:mod:`.path_quadrature`); every
+  item alone, its points batched.
 
 Saliency and Gradient×Input: one forward and one backward pass for the whole batch;
 parameters stay frozen.
