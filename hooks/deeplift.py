@@ -36,7 +36,7 @@ from torch import Tensor
 from lens_attrib.backend import hook_name
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
-from lens_attrib.hooks.lrp import linearized, safe_ratio
+from lens_attrib.hooks.lrp import linearized, mlm_head_activation, safe_ratio
 
 ACTIVATIONS = ("all", "captum")
 CAPTUM_ACTIVATIONS = ("relu",)
@@ -164,32 +164,18 @@ def mlm_head_rescale(
     ``mlm_head`` keeps the explained input ``x``; one on ``mlm_head.ln`` linearises
     ``GELU(h)``, ``h = x W + b``, with the multiplier against ``h₀ = x₀ W + b``.
     """
-    head = getattr(model, "mlm_head", None)
-    if reference_rows is None or head is None:
+    if reference_rows is None or getattr(model, "mlm_head", None) is None:
         yield
         return
-    kept: dict[str, Tensor] = {}
 
-    def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
-        kept["x"] = args[0]
-
-    def linearize(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        x = kept.pop("x")
-        h = torch.matmul(x, head.W) + head.b
-        x0 = reference_rows.to(x.device, x.dtype).reshape(x.shape)
+    def rescaled(head: Any, h: Tensor, post: Tensor) -> Tensor:
+        x0 = reference_rows.to(h.device, h.dtype).reshape(*h.shape[:-1], -1)
         h0 = torch.matmul(x0, head.W) + head.b
         m = rescale_multiplier(head.act_fn, h.detach(), h0.detach(), eps)
-        return (linearized(args[0], (h, m)), *args[1:])
+        return linearized(post, (h, m))
 
-    handles = [
-        head.register_forward_pre_hook(keep_input),
-        head.ln.register_forward_pre_hook(linearize),
-    ]
-    try:
+    with mlm_head_activation(model, rescaled):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 __all__ = [

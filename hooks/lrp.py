@@ -30,7 +30,7 @@ Every custom backward below saves at most one tensor of the size of the activati
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -181,32 +181,29 @@ def lrp_hooks(
 
 
 @contextmanager
-def mlm_head_patch(model: Any, *, identity_eps: float = IDENTITY_EPS) -> Iterator[None]:
-    """Identity rule through the GELU inside BERT's MLM head (it has no hook point).
-
-    ``identity_eps``: the identity rule's stabiliser, as in :func:`lrp_hooks`.
+def mlm_head_activation(
+    model: Any, replace: Callable[[Any, Tensor, Tensor], Tensor]
+) -> Iterator[None]:
+    """Replace the output of the GELU inside BERT's MLM head (it has no hook point).
 
     A forward pre-hook on ``mlm_head`` keeps its input ``x``; a forward pre-hook on
-    ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and linearises
-    ``GELU(h)``. The LayerNorm scale itself is detached by its ``hook_scale``.
+    ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and passes
+    ``replace(head, h, GELU(h))`` on to the LayerNorm instead of ``GELU(h)``.
     """
     head = getattr(model, "mlm_head", None)
-    if not arch_of(model).encoder or head is None:
-        yield
-        return
     kept: dict[str, Tensor] = {}
 
     def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
         kept["x"] = args[0]
 
-    def linearize(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def swap(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         x = kept.pop("x")
         h = torch.matmul(x, head.W) + head.b
-        return (identity_rule(h, args[0], identity_eps), *args[1:])
+        return (replace(head, h, args[0]), *args[1:])
 
     handles = [
         head.register_forward_pre_hook(keep_input),
-        head.ln.register_forward_pre_hook(linearize),
+        head.ln.register_forward_pre_hook(swap),
     ]
     try:
         yield
@@ -215,12 +212,27 @@ def mlm_head_patch(model: Any, *, identity_eps: float = IDENTITY_EPS) -> Iterato
             handle.remove()
 
 
+@contextmanager
+def mlm_head_patch(model: Any, *, identity_eps: float = IDENTITY_EPS) -> Iterator[None]:
+    """Identity rule through the GELU inside BERT's MLM head (:func:`mlm_head_activation`).
+
+    ``identity_eps``: the identity rule's stabiliser, as in :func:`lrp_hooks`. The LayerNorm
+    scale itself is detached by its ``hook_scale``.
+    """
+    if not arch_of(model).encoder or getattr(model, "mlm_head", None) is None:
+        yield
+        return
+    with mlm_head_activation(model, lambda head, h, post: identity_rule(h, post, identity_eps)):
+        yield
+
+
 __all__ = [
     "IDENTITY_EPS",
     "VARIANTS",
     "identity_rule",
     "linearized",
     "lrp_hooks",
+    "mlm_head_activation",
     "mlm_head_patch",
     "safe_ratio",
     "scale_grad",
