@@ -394,6 +394,28 @@ def item_path(
     return ItemPath(item, one, starts, deltas, columns, prepend, value[0], base_value[0])
 
 
+def _path_hooks(
+    path: ItemPath, names: Sequence[str], a: Tensor, stores: Sequence[list[Tensor]] | None = None
+) -> FwdHooks:
+    """Hooks putting the path points ``b + α (x − b)``, one row per α, on every component."""
+    stores = stores if stores is not None else [[] for _ in names]
+    return [
+        (n, _interpolation_hook(s, d, a, st))
+        for n, s, d, st in zip(names, path.starts, path.deltas, stores)
+    ]
+
+
+def _point_gradients(
+    model: Any, path: ItemPath, names: Sequence[str], head: Any, a: Tensor
+) -> list[Tensor | None]:
+    """``∂f/∂e^k`` at the points ``α = a`` (``[len(a), pos, d]`` per component; None if unused)."""
+    stores: list[list[Tensor]] = [[] for _ in names]
+    hooks = _path_hooks(path, names, a, stores)
+    value = _value_at(model, path.batch, path.resolved, head, hooks, int(a.shape[0]))
+    grads = torch.autograd.grad(value.sum(), [st[0] for st in stores], allow_unused=True)
+    return [None if g is None else g.detach() for g in grads]
+
+
 def path_integral(
     model: Any,
     path: ItemPath,
@@ -409,16 +431,9 @@ def path_integral(
     for start in range(0, len(alphas), rows):
         a = torch.tensor(alphas[start : start + rows], dtype=dtype, device=device)
         w = torch.tensor(weights[start : start + rows], dtype=dtype, device=device)
-        stores: list[list[Tensor]] = [[] for _ in names]
-        hooks = [
-            (n, _interpolation_hook(s, d, a, st))
-            for n, s, d, st in zip(names, path.starts, path.deltas, stores)
-        ]
-        value = _value_at(model, path.batch, path.resolved, head, hooks, int(a.shape[0]))
-        grads = torch.autograd.grad(value.sum(), [st[0] for st in stores], allow_unused=True)
-        for i, g in enumerate(grads):
+        for i, g in enumerate(_point_gradients(model, path, names, head, a)):
             if g is not None:
-                total[i] += einsum(w, g.detach(), "s, s p d -> p d")[None]
+                total[i] += einsum(w, g, "s, s p d -> p d")[None]
     return total
 
 
@@ -426,23 +441,16 @@ def path_node_scores(
     model: Any, path: ItemPath, names: Sequence[str], head: Any, alphas: Tensor, rows: int
 ) -> Float[Tensor, "n pos"]:
     """Every token's integrand ``Σ_k Σ_d (x − b)^k_d ∂f/∂e^k_d(b + α (x − b))`` at each α."""
-    dtype = path.deltas[0].dtype
+    dtype, device = path.deltas[0].dtype, path.deltas[0].device
     out = []
     for start in range(0, int(alphas.numel()), rows):
-        a = alphas[start : start + rows].to(path.deltas[0].device, dtype)
-        stores: list[list[Tensor]] = [[] for _ in names]
-        hooks = [
-            (n, _interpolation_hook(s, d, a, st))
-            for n, s, d, st in zip(names, path.starts, path.deltas, stores)
-        ]
-        value = _value_at(model, path.batch, path.resolved, head, hooks, int(a.shape[0]))
-        grads = torch.autograd.grad(value.sum(), [st[0] for st in stores], allow_unused=True)
-        per_row = sum(
-            ((d * g).sum(-1) for d, g in zip(path.deltas, grads) if g is not None),
-            start=torch.zeros((), dtype=dtype, device=a.device),
-        )
-        assert isinstance(per_row, Tensor)
-        out.append(per_row.detach().expand(int(a.shape[0]), path.batch.length).cpu())
+        a = alphas[start : start + rows].to(device, dtype)
+        grads = _point_gradients(model, path, names, head, a)
+        per_row = torch.zeros(int(a.shape[0]), path.batch.length, dtype=dtype, device=device)
+        for d, g in zip(path.deltas, grads):
+            if g is not None:
+                per_row += (d * g).sum(-1)
+        out.append(per_row.cpu())
     return torch.cat(out)
 
 
@@ -454,10 +462,7 @@ def path_values(
     with torch.no_grad():
         for start in range(0, int(alphas.numel()), rows):
             a = alphas[start : start + rows].to(path.deltas[0].device, path.deltas[0].dtype)
-            hooks = [
-                (n, _interpolation_hook(s, d, a, []))
-                for n, s, d in zip(names, path.starts, path.deltas)
-            ]
+            hooks = _path_hooks(path, names, a)
             out.append(_value_at(model, path.batch, path.resolved, head, hooks, int(a.shape[0])))
     return torch.cat(out).detach().cpu()
 
