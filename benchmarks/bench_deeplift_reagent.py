@@ -15,14 +15,16 @@ sample against 0.32 s for Grad-ELLM. Prints a markdown table and writes
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.bench_lrpx import timed
 
 METHODS = ("grad_x_input", "deeplift", "reagent")
 
@@ -37,17 +39,6 @@ def sentences(model: Any, n: int) -> list[str]:
         if len(out) == n:
             break
     return out
-
-
-def timed(device: str, fn: Any, *args: Any, **kwargs: Any) -> float:
-    """Seconds of one ``fn(*args, **kwargs)`` call (CUDA synchronised)."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn(*args, **kwargs)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -71,10 +62,14 @@ def main() -> None:
         for rep in range(args.reps):
             for text in texts:
                 for m in METHODS:
-                    seconds[m].append(timed(device, attribute, model, text, method=m))
+                    seconds[m].append(
+                        timed(functools.partial(attribute, model, text, method=m), device)
+                    )
                 if rep == 0:
                     steps.append(attribute(model, text, method="reagent").meta["probe_steps"][0])
-        batch = {m: timed(device, attribute, model, texts, method=m) for m in METHODS}
+        batch = {
+            m: timed(functools.partial(attribute, model, texts, method=m), device) for m in METHODS
+        }
     median = {m: statistics.median(v) for m, v in seconds.items()}
     mean = {m: statistics.mean(v) for m, v in seconds.items()}
     result = {

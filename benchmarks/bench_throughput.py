@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.bench_lrpx import timed
 from lens_attrib.cli import method_list
 
 QUICK_METHODS = ["grad_x_input", "attnlrp", "normxlogit"]
@@ -73,16 +74,6 @@ def peak_extra_mb(fn: Callable[[], Any], device: str) -> float:
     before = _status_kb("VmRSS")
     fn()
     return (_status_kb("VmHWM") - before) / 1024
-
-
-def timed(fn: Callable[[], Any], device: str) -> float:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 # --------------------------------------------------------------------------- workloads

@@ -190,7 +190,7 @@ def mlm_head_activation(
     ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and passes
     ``replace(head, h, GELU(h))`` on to the LayerNorm instead of ``GELU(h)``.
     """
-    head = getattr(model, "mlm_head", None)
+    head: Any = model.mlm_head
     kept: dict[str, Tensor] = {}
 
     def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
