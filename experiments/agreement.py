@@ -7,6 +7,14 @@ Models": on tasks whose evidence is known, how often does a method point at it?
 
 Defaults are sized for a shared 2-core CPU; the paper-sized run is e.g. ``--n 200 --tasks
 ra,sva,blimp_rpsv,blimp_darn,blimp_ana,qa,linzen --n-qa 500 --n-linzen 2000 --device cuda``.
+``--n`` caps the explained (correctly predicted) items per task; ``--n-pool`` sets how many
+template/BLiMP items are scored to find them (default ``--n``).
+
+Long runs resume: every finished unit (task × batch × mode × method) is appended to
+``<out>/agreement.records.jsonl`` (:mod:`experiments.resume`), so after a kill the same command
+with ``--resume`` computes only what is missing. Processes with disjoint ``--methods`` may share
+one ``--out`` (e.g. Integrated Gradients, by far the slowest, in its own process); a final
+``--resume`` run with every method then only reads the journal and writes the tables.
 
 Tasks (``--tasks``):
 
@@ -47,6 +55,7 @@ every prompt (``--no-bos`` turns this off) — that is what makes "special token
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import time
@@ -62,6 +71,7 @@ from experiments.common import (
     setup,
     write_outputs,
 )
+from experiments.resume import Units, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import (
@@ -126,6 +136,22 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         help="skip SQuAD prompts longer than this many tokens",
     )
     parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument(
+        "--n-pool",
+        type=int,
+        default=None,
+        help="template items generated / BLiMP items drawn per task before keeping the "
+        "correctly predicted ones (default: --n); e.g. --n 100 --n-pool 200 explains 100",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run journaled in --out (agreement.records.jsonl): finished "
+        "units (task × batch × mode × method) are reused, the rest computed",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="discard a journal already in --out"
+    )
     parser.add_argument(
         "--no-bos",
         action="store_true",
@@ -316,6 +342,46 @@ def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]) -> l
 
 
 # ----------------------------------------------------------------------------- scoring
+def unit_records(
+    model: Any,
+    task: str,
+    prompts: Sequence[str],
+    evidence: Sequence[Sequence[int]],
+    target: Target,
+    method: str,
+    mode: str,
+    first_item: int,
+    seed: int,
+    kept: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
+    tokens counted and excluded. ``kept``: receives the first item's Attribution (by method)."""
+    special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
+    opts = {"seed": seed + first_item} if method == "random" else {}
+    attr = attribute(model, list(prompts), target, method=method, **opts)
+    if kept is not None:
+        kept[method] = attr[0]
+    records: list[dict[str, Any]] = []
+    for specials, ids in (("in", []), ("out", special_out)):
+        values = plausibility(attr, list(evidence), list(METRICS.values()), special_ids=ids)
+        flat = degenerate(attr, special_ids=ids).tolist()
+        for metric, column in values.items():
+            for j, v in enumerate(column.tolist()):
+                records.append(
+                    {
+                        "task": task,
+                        "item": first_item + j,
+                        "method": method,
+                        "mode": mode,
+                        "specials": specials,
+                        "metric": metric,
+                        "value": float(v),
+                        "degenerate": bool(flat[j]),
+                    }
+                )
+    return records
+
+
 def score_task(
     model: Any,
     task: str,
@@ -324,45 +390,56 @@ def score_task(
     batch_size: int,
     seed: int,
     examples: list[Any] | None = None,
+    units: Units | None = None,
 ) -> list[dict[str, Any]]:
     """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric.
 
+    ``units``: the run's journal (:mod:`experiments.resume`); each batch × mode × method is one
+    unit, taken from it when it holds that unit for these very items and journaled otherwise.
     ``examples``: when given and empty, receives each method's first item (first mode) for the
-    report's token maps."""
+    report's token maps (computed anew for units taken from the journal)."""
+    units = units if units is not None else Units(None, "agreement", {})
     collect = examples is not None and not examples
-    special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
+    kept: dict[str, Any] = {}
+    items_id = fingerprint([data.prompts, data.targets, data.foils, data.evidence])
     modes = [("contrastive", True), ("plain", False)] if data.foils else [("plain", False)]
     records: list[dict[str, Any]] = []
     for start in range(0, len(data.prompts), batch_size):
         sl = slice(start, start + batch_size)
         prompts, evidence = data.prompts[sl], data.evidence[sl]
+        items = list(range(start, start + len(prompts)))
         for mode, contrastive in modes:
             target = Target(
                 token=list(data.targets[sl]),
                 foil=list(data.foils[sl]) if contrastive and data.foils else None,
             )
+            keep = kept if collect and start == 0 and mode == modes[0][0] else None
             for method in methods:
-                opts = {"seed": seed + start} if method == "random" else {}
-                attr = attribute(model, prompts, target, method=method, **opts)
-                if collect and examples is not None and start == 0 and mode == modes[0][0]:
-                    examples.append(attr[0])
-                for specials, ids in (("in", []), ("out", special_out)):
-                    values = plausibility(attr, evidence, list(METRICS.values()), special_ids=ids)
-                    flat = degenerate(attr, special_ids=ids).tolist()
-                    for metric, column in values.items():
-                        for j, v in enumerate(column.tolist()):
-                            records.append(
-                                {
-                                    "task": task,
-                                    "item": start + j,
-                                    "method": method,
-                                    "mode": mode,
-                                    "specials": specials,
-                                    "metric": metric,
-                                    "value": float(v),
-                                    "degenerate": bool(flat[j]),
-                                }
-                            )
+                compute = functools.partial(
+                    unit_records,
+                    model,
+                    task,
+                    prompts,
+                    evidence,
+                    target,
+                    method,
+                    mode,
+                    start,
+                    seed,
+                    keep,
+                )
+                key = f"{task}:{items_id}|{method}|{mode}"
+                records += units.get(key, items, compute)
+    if collect and examples is not None and data.prompts:
+        first = Target(
+            token=list(data.targets[:1]),
+            foil=list(data.foils[:1]) if data.foils else None,
+        )
+        for method in methods:
+            if method not in kept:
+                opts = {"seed": seed} if method == "random" else {}
+                kept[method] = attribute(model, data.prompts[:1], first, method=method, **opts)[0]
+        examples += [kept[m] for m in methods]
     return records
 
 
@@ -463,6 +540,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tasks += [t for t in data_files if t not in tasks]
     methods = parse_list(args.methods)
     prefix = bos_prefix(model, not args.no_bos)
+    units = Units(
+        args.out,
+        "agreement",
+        {
+            "model": args.model,
+            "seed": args.seed,
+            "n": args.n,
+            "n_pool": args.n_pool or args.n,
+            "batch_size": args.batch_size,
+            "prefix": prefix[0],
+            "n_qa": args.n_qa,
+            "qa_max_tokens": args.qa_max_tokens,
+            "blimp_root": args.blimp_root,
+            "data": {
+                task: fingerprint([Path(p).read_bytes().hex()]) for task, p in data_files.items()
+            },
+            "metrics": METRICS,
+        },
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}
     linzen: list[dict[str, Any]] = []
@@ -474,7 +572,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if task == "qa":
             data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens, prefix)
         else:
-            items = task_items(task, args.n, args.seed, data_files, args.blimp_root)
+            pool = args.n_pool or args.n
+            items = task_items(task, pool, args.seed, data_files, args.blimp_root)
             data = prepare_items(model, items, args.n, prefix)
         counts[task] = {
             "n_scored": data.n_total,
@@ -488,8 +587,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             flush=True,
         )
         records += score_task(
-            model, task, data, methods, args.batch_size, args.seed, examples=examples
+            model, task, data, methods, args.batch_size, args.seed, examples=examples, units=units
         )
+    if units.reused:
+        print(f"{units.reused} units taken from {units.path}, {units.computed} computed")
     summary = summarize(records, n_boot=args.n_boot, seed=args.seed)
 
     lines = [

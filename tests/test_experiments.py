@@ -335,3 +335,39 @@ def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
     low, high = bootstrap_ci(list(data), n_boot=2000, seed=1)
     half = 1.96 * data.std(ddof=1) / np.sqrt(data.size)
     assert abs((high - low) / 2 - half) < 0.2 * half
+
+
+def test_agreement_resumes_from_its_journal(tmp_path, monkeypatch):
+    """A rerun with --resume computes only the units the journal lacks and gives the same
+    records; an existing journal is never overwritten without --overwrite."""
+    from experiments import agreement
+
+    args = ["--n", "3", "--tasks", "sva", "--batch-size", "2", "--device", "cpu",
+            "--out", str(tmp_path)]  # fmt: skip
+    first = agreement.main([*args, "--methods", "grad_x_input,random"])
+    journal = tmp_path / "agreement.records.jsonl"
+    lines = journal.read_text().splitlines()
+    n = first["counts"]["sva"]["n_explained"]
+    batches = -(-n // 2)
+    assert len(lines) == 1 + batches * 2 * 2  # manifest + batches × modes × methods
+    assert all(json.loads(ln)["info"]["code"] for ln in lines[1:])
+
+    with pytest.raises(FileExistsError, match="--resume"):
+        agreement.main([*args, "--methods", "grad_x_input"])
+    assert journal.read_text().splitlines() == lines
+
+    computed: list[str] = []
+    real = agreement.unit_records
+    monkeypatch.setattr(
+        agreement,
+        "unit_records",
+        lambda *a, **k: computed.append(a[5]) or real(*a, **k),
+    )
+    again = agreement.main([*args, "--methods", "grad_x_input,random,gradient", "--resume"])
+    assert set(computed) == {"gradient"} and len(computed) == batches * 2
+    old = [r for r in first["summary"] if r["method"] != "gradient"]
+    new = [r for r in again["summary"] if r["method"] != "gradient"]
+    assert old == new
+
+    with pytest.raises(ValueError, match="n: 3 -> 2"):
+        agreement.main([*args[:1], "2", *args[2:], "--methods", "random", "--resume"])

@@ -103,8 +103,10 @@ class Journal:
         *,
         batch_size: int,
         bucket: int,
+        info: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write one finished batch durably (one line, flushed and fsynced)."""
+        """Write one finished batch durably (one line, flushed and fsynced); ``info``: extra
+        facts about it (e.g. the code version that computed it), kept under ``"info"``."""
         line = {
             "kind": "batch",
             "method": method,
@@ -113,6 +115,8 @@ class Journal:
             "bucket": int(bucket),
             "records": list(records),
         }
+        if info:
+            line["info"] = normalized(info)
         _write(self.path, [line], mode="a")
         self.batches.append(json.loads(json.dumps(line)))
 

@@ -1,0 +1,94 @@
+"""Resumable experiment runs: every finished unit of work is journaled and skipped on a rerun.
+
+An experiment's work splits into *units* (e.g. one task × batch of items × mode × method), each
+giving a list of records. :class:`Units` keeps them in the journal ``<out>/<name>.records.jsonl``
+(:mod:`lens_attrib.evaluation.journal`: one flushed and fsynced line per unit, a torn last line
+dropped), so a run that is killed loses at most the unit in flight and rerunning the same command
+computes only the missing units (``--resume``; an existing journal is never
+overwritten without ``--overwrite``).
+
+The manifest holds what fixes the items and their scores (model, seed, sizes, options); a rerun
+with other settings is refused with the differing fields named (``--overwrite`` starts afresh).
+The method list is not part of it, so one journal gathers the units of several method lists:
+separate processes can take disjoint ``--methods`` on the same ``--out`` (start them one after
+the other), and a last run with every method makes the table from the journal alone. A unit's key
+carries a fingerprint of its items, so units of other items are never taken for it, and its line
+records the code version (package version and git commit) that computed it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lens_attrib.evaluation.journal import Journal
+from lens_attrib.evaluation.runner import code_version
+
+Records = list[dict[str, Any]]
+
+
+def fingerprint(values: Sequence[Any]) -> str:
+    """First 12 hex digits of the SHA-256 of ``values`` as JSON (a task's prompts, targets…)."""
+    text = json.dumps(list(values), ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+class Units:
+    """Journaled units of one run (or, without ``out``, plain computation kept in memory)."""
+
+    def __init__(
+        self,
+        out: str | Path | None,
+        name: str,
+        manifest: Mapping[str, Any],
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+    ) -> None:
+        self.journal: Journal | None = None
+        self.computed = 0
+        self.reused = 0
+        if out is not None:
+            path = Path(out) / f"{name}.records.jsonl"
+            if path.exists() and not (resume or overwrite):
+                raise FileExistsError(
+                    f"{path} holds the records of an earlier run. Pass --resume (resume=True) "
+                    "to continue it, reusing its finished units, or --overwrite "
+                    "(overwrite=True) to discard them and start again."
+                )
+            self.journal = Journal.open(path, {"experiment": name, **manifest}, overwrite=overwrite)
+            self.version = code_version()
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.journal is None else self.journal.path
+
+    def stored(self, key: str, items: Sequence[int]) -> Records | None:
+        """The records of unit ``key`` over ``items`` if the journal holds them."""
+        if self.journal is None:
+            return None
+        wanted = [int(i) for i in items]
+        for line in self.journal.batches:
+            if line["method"] == key and line["items"] == wanted:
+                return list(line["records"])
+        return None
+
+    def get(self, key: str, items: Sequence[int], compute: Callable[[], Records]) -> Records:
+        """The unit's records: from the journal, or ``compute()`` them and journal them."""
+        found = self.stored(key, items)
+        if found is not None:
+            self.reused += 1
+            return found
+        records = compute()
+        self.computed += 1
+        if self.journal is not None:
+            self.journal.append(
+                key, items, records, batch_size=len(items), bucket=0, info={"code": self.version}
+            )
+        return records
+
+
+__all__ = ["Records", "Units", "fingerprint"]
