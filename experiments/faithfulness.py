@@ -30,6 +30,13 @@ architecture are skipped, e.g. ALTI-Logit on the encoder):
 - insertion / deletion AUC of the explained class's probability (classification; ``--steps``).
 
 Every cell is a mean over items with a 95 % percentile-bootstrap interval (records.summarize).
+The records also keep each item's curve points (``comprehensiveness@K``, ``pi_soft_nc@π``, …),
+from which the figures and the Pearson drop are made.
+
+Long runs resume: every finished unit (dataset × batch × method) is appended to
+``<out>/faithfulness.records.jsonl`` (:mod:`experiments.resume`); after a kill the same command
+with ``--resume`` computes only what is missing, and processes with disjoint ``--methods`` may
+share one ``--out``.
 Special tokens are never perturbed; the decoder's last token is kept (the class is read there).
 
     python -m experiments.faithfulness --model smollm2-135m --datasets sst2 --n 2
@@ -45,6 +52,7 @@ deeplift,reagent,random --fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +66,7 @@ from experiments.common import (
     setup,
     write_outputs,
 )
+from experiments.resume import Units, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
 from lens_attrib.classifiers import Classifier, load_classifier, pair_ids, stsb_split
@@ -130,6 +139,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--max-batch", type=int, default=32, help="rows per perturbed forward")
     parser.add_argument("--no-fixed", action="store_true", help="skip fixed-routing π-Soft")
     parser.add_argument("--no-chat", action="store_true", help="plain prompts, no chat template")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run journaled in --out (faithfulness.records.jsonl): finished "
+        "units (dataset × batch × method) are reused, the rest computed",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="discard a journal already in --out"
+    )
     return parser.parse_args(argv)
 
 
@@ -207,19 +225,39 @@ def evaluate_batch(
     return {**values, **soft}, res_a, res_d
 
 
-def concat_results(parts: list[Any]) -> Any:
-    """Concatenate per-batch AOPC/Soft results along the item axis (curve fields only)."""
-    from types import SimpleNamespace
+def curve_values(res_a: Any, res_d: Any, regression: bool) -> dict[str, torch.Tensor]:
+    """Per-item curve points kept in the records (so that figures and the Pearson drop can be
+    made from records alone, e.g. after a resumed run): AOPC ``comprehensiveness@K`` /
+    ``sufficiency@K``, dynamic-routing ``pi_soft_nc@π`` / ``pi_soft_ns@π``; regression: the
+    head's ``output_full`` and ``output_without_top@K``."""
+    values: dict[str, torch.Tensor] = {}
+    for k, f in enumerate(res_a.fractions):
+        values[f"comprehensiveness@{float(f):g}"] = res_a.comprehensiveness_k[:, k]
+        values[f"sufficiency@{float(f):g}"] = res_a.sufficiency_k[:, k]
+    if regression:
+        values["output_full"] = res_a.p_full
+        for k, f in enumerate(res_a.fractions):
+            values[f"output_without_top@{float(f):g}"] = res_a.perturbed_values["without_top"][:, k]
+    if res_d is not None:
+        for k, pi in enumerate(res_d.pis):
+            values[f"pi_soft_nc@{float(pi):g}"] = res_d.pi_nc_curve[:, k]
+            values[f"pi_soft_ns@{float(pi):g}"] = res_d.pi_ns_curve[:, k]
+    return values
 
-    first = parts[0]
-    fields = {}
-    for name in ("comprehensiveness_k", "sufficiency_k", "pi_nc_curve", "pi_ns_curve"):
-        if hasattr(first, name):
-            fields[name] = torch.cat([getattr(p, name) for p in parts])
-    for name in ("fractions", "pis"):
-        if hasattr(first, name):
-            fields[name] = getattr(first, name)
-    return SimpleNamespace(**fields)
+
+def curve(
+    records: Sequence[dict[str, Any]], dataset: str, method: str, prefix: str
+) -> tuple[list[float], torch.Tensor]:
+    """(grid, values ``[items, grid]``) of the ``<prefix>@x`` records of one dataset × method."""
+    points: dict[float, dict[int, float]] = {}
+    for r in records:
+        if r["dataset"] == dataset and r["method"] == method and r["metric"].startswith(prefix):
+            x = float(r["metric"].split("@")[1]) if "@" in r["metric"] else 0.0
+            points.setdefault(x, {})[r["item"]] = r["value"]
+    grid = sorted(points)
+    items = sorted(points[grid[0]]) if grid else []
+    values = torch.tensor([[points[x][i] for x in grid] for i in items], dtype=torch.float64)
+    return grid, values
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -238,7 +276,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"skipped (do not apply to this architecture): {', '.join(skipped)}", flush=True)
     pis = [float(p) for p in parse_list(args.pis)]
     run = run_zero_shot if args.mode == "zero-shot" else run_classifiers
-    records, accuracy, figs, examples, extra_rows = run(model, args, datasets, methods, pis)
+    units = Units(
+        args.out, "faithfulness", manifest(args), resume=args.resume, overwrite=args.overwrite
+    )
+    records, accuracy, figs, examples, extra_rows = run(model, args, datasets, methods, pis, units)
+    if units.reused:
+        print(f"{units.reused} units taken from {units.path}, {units.computed} computed")
     summary = summarize(records) + extra_rows
     table = render(summary, datasets, methods, accuracy, args)
     print(table)
@@ -258,21 +301,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
 
 
+def manifest(args: Any) -> dict[str, Any]:
+    """What fixes the items and their scores (the journal refuses to mix other settings)."""
+    keys = ("mode", "model", "seed", "n", "train_n", "dev_n", "max_tokens", "n_draws", "pis",
+            "fractions", "steps", "no_curves", "no_fixed", "no_chat", "batch_size")  # fmt: skip
+    return {k: getattr(args, k) for k in keys}
+
+
 Run = tuple[list[dict[str, Any]], dict[str, float], list[Any], list[Any], list[dict[str, Any]]]
 
 
-def curve_figures(dataset: str, aopc_parts: dict[str, list[Any]], soft_parts: dict[str, list[Any]]):
-    """AOPC curves and (when computed) π-Soft curves of one dataset."""
+def curve_figures(records: Sequence[dict[str, Any]], dataset: str, methods: Sequence[str]):
+    """AOPC curves and (when computed) dynamic-routing π-Soft curves of one dataset, from the
+    records' curve points (:func:`curve_values`)."""
+    from types import SimpleNamespace
+
     from lens_attrib.plot import aopc_curves, pi_curves
 
-    figs = [
-        aopc_curves(
-            {m: concat_results(p) for m, p in aopc_parts.items()}, title=f"{dataset}: AOPC curves"
+    aopc_res, soft_res = {}, {}
+    for m in methods:
+        fractions, comp = curve(records, dataset, m, "comprehensiveness@")
+        _, suff = curve(records, dataset, m, "sufficiency@")
+        aopc_res[m] = SimpleNamespace(
+            fractions=torch.tensor(fractions), comprehensiveness_k=comp, sufficiency_k=suff
         )
-    ]
-    soft = {m: concat_results(p) for m, p in soft_parts.items() if p}
-    if soft:
-        figs.append(pi_curves(soft, title=f"{dataset}: π-Soft curves (dynamic routing)"))
+        pis, nc = curve(records, dataset, m, "pi_soft_nc@")
+        if pis:
+            _, ns = curve(records, dataset, m, "pi_soft_ns@")
+            soft_res[m] = SimpleNamespace(pis=torch.tensor(pis), pi_nc_curve=nc, pi_ns_curve=ns)
+    figs = [aopc_curves(aopc_res, title=f"{dataset}: AOPC curves")]
+    if soft_res:
+        figs.append(pi_curves(soft_res, title=f"{dataset}: π-Soft curves (dynamic routing)"))
     return figs
 
 
@@ -298,18 +357,6 @@ def item_records(
         for metric, column in values.items()
         for j, v in enumerate(column.tolist())
     ]
-
-
-def append_partial(out: str, records: list[dict[str, Any]]) -> None:
-    """Append records to ``<out>/faithfulness.partial.jsonl`` as they are made, so that a run
-    stopped early still leaves its per-item records (summarize them with records.summarize)."""
-    import json
-    from pathlib import Path
-
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "faithfulness.partial.jsonl").open("a", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(r) + "\n" for r in records)
 
 
 # ------------------------------------------------------------------------------- classifiers
@@ -392,7 +439,12 @@ def pearson_drop_rows(
 
 
 def run_classifiers(
-    model: Any, args: Any, datasets: list[str], methods: list[str], pis: list[float]
+    model: Any,
+    args: Any,
+    datasets: list[str],
+    methods: list[str],
+    pis: list[float],
+    units: Units,
 ) -> Run:
     """Faithfulness of every method on the trained classifiers (module docstring)."""
     records: list[dict[str, Any]] = []
@@ -423,35 +475,55 @@ def run_classifiers(
             f"{dev:.3f} on its dev set",
             flush=True,
         )
-        aopc_parts: dict[str, list[Any]] = {m: [] for m in methods}
-        soft_parts: dict[str, list[Any]] = {m: [] for m in methods}
+        clf_id = fingerprint([clf.info.name, clf.info.metadata])
+        items_id = fingerprint([inputs, gold])
         for start in range(0, len(inputs), args.batch_size):
             sl = slice(start, start + args.batch_size)
+            items = list(range(start, start + len(inputs[sl])))
             for method in methods:
-                opts = {"seed": args.seed + start} if method == "random" else {}
-                attr = attribute(model, inputs[sl], clf.target(), method=method, **opts)
-                if start == 0 and dataset == datasets[0]:
-                    examples.append(attr[0])
-                values, res_a, res_d = classifier_metrics(
-                    model, clf, attr, args, pis, fractions, None if regression else gold_t[sl]
-                )
-                aopc_parts[method].append(res_a)
-                if res_d is not None:
-                    soft_parts[method].append(res_d)
-                new = item_records(dataset, start, method, values, gold, pred)
-                records += new
-                append_partial(args.out, new)
+                keep = examples if start == 0 and dataset == datasets[0] else None
+                compute = functools.partial(
+                    classifier_unit, model, clf, dataset, inputs[sl], method, start, args, pis,
+                    fractions, None if regression else gold_t[sl], gold, pred, keep,
+                )  # fmt: skip
+                key = f"{dataset}:{clf_id}:{items_id}|{method}"
+                records += units.get(key, items, compute)
         if regression:
             for method in methods:
-                part = aopc_parts[method]
-                full = torch.cat([r.p_full for r in part])
-                perturbed = torch.cat([r.perturbed_values["without_top"] for r in part])
+                _, full = curve(records, dataset, method, "output_full")
+                _, perturbed = curve(records, dataset, method, "output_without_top@")
                 extra_rows += pearson_drop_rows(
-                    dataset, method, full, perturbed, gold_t.double(), fractions, args.seed
+                    dataset, method, full[:, 0], perturbed, gold_t.double(), fractions, args.seed
                 )
         if inputs:
-            figs += curve_figures(dataset, aopc_parts, soft_parts)
+            figs += curve_figures(records, dataset, methods)
     return records, accuracy, figs, examples, extra_rows
+
+
+def classifier_unit(
+    model: Any,
+    clf: Classifier,
+    dataset: str,
+    inputs: list[Any],
+    method: str,
+    start: int,
+    args: Any,
+    pis: list[float],
+    fractions: list[float],
+    gold_batch: torch.Tensor | None,
+    gold: list[Any],
+    pred: list[Any],
+    examples: list[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric and
+    the curve points); ``examples`` receives the first item's Attribution."""
+    opts = {"seed": args.seed + start} if method == "random" else {}
+    attr = attribute(model, inputs, clf.target(), method=method, **opts)
+    if examples is not None:
+        examples.append(attr[0])
+    values, res_a, res_d = classifier_metrics(model, clf, attr, args, pis, fractions, gold_batch)
+    values.update(curve_values(res_a, res_d, gold_batch is None))
+    return item_records(dataset, start, method, values, gold, pred)
 
 
 def classifier_metrics(
@@ -519,7 +591,12 @@ def soft_values(
 
 # ------------------------------------------------------------------------------- zero-shot
 def run_zero_shot(
-    model: Any, args: Any, datasets: list[str], methods: list[str], pis: list[float]
+    model: Any,
+    args: Any,
+    datasets: list[str],
+    methods: list[str],
+    pis: list[float],
+    units: Units,
 ) -> Run:
     """Faithfulness of every method on zero-shot label prompts (module docstring)."""
     tok = model.tokenizer
@@ -542,23 +619,44 @@ def run_zero_shot(
             flush=True,
         )
         gold = [it.label for it in items]
-        aopc_parts: dict[str, list[Any]] = {m: [] for m in methods}
-        soft_parts: dict[str, list[Any]] = {m: [] for m in methods}
+        items_id = fingerprint([prompts, gold, pred])
         for start in range(0, len(prompts), args.batch_size):
             sl = slice(start, start + args.batch_size)
+            items = list(range(start, start + len(prompts[sl])))
             target = Target(token=[ids[p] for p in pred[sl]])
             for method in methods:
-                opts = {"seed": args.seed + start} if method == "random" else {}
-                attr = attribute(model, prompts[sl], target, method=method, **opts)
-                if start == 0 and dataset == datasets[0]:
-                    examples.append(attr[0])
-                values, res_a, res_d = evaluate_batch(model, attr, args, pis)
-                aopc_parts[method].append(res_a)
-                soft_parts[method].append(res_d)
-                records += item_records(dataset, start, method, values, gold, pred)
+                keep = examples if start == 0 and dataset == datasets[0] else None
+                compute = functools.partial(
+                    zero_shot_unit, model, dataset, prompts[sl], target, method, start, args,
+                    pis, gold, pred, keep,
+                )  # fmt: skip
+                records += units.get(f"{dataset}:{items_id}|{method}", items, compute)
         if prompts:
-            figs += curve_figures(dataset, aopc_parts, soft_parts)
+            figs += curve_figures(records, dataset, methods)
     return records, accuracy, figs, examples, []
+
+
+def zero_shot_unit(
+    model: Any,
+    dataset: str,
+    prompts: list[str],
+    target: Target,
+    method: str,
+    start: int,
+    args: Any,
+    pis: list[float],
+    gold: list[Any],
+    pred: list[Any],
+    examples: list[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Records of one zero-shot unit: ``method`` on prompts ``start…``."""
+    opts = {"seed": args.seed + start} if method == "random" else {}
+    attr = attribute(model, prompts, target, method=method, **opts)
+    if examples is not None:
+        examples.append(attr[0])
+    values, res_a, res_d = evaluate_batch(model, attr, args, pis)
+    values.update(curve_values(res_a, res_d, False))
+    return item_records(dataset, start, method, values, gold, pred)
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

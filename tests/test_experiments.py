@@ -239,6 +239,41 @@ def test_faithfulness_classifiers(tmp_path, minilm, monkeypatch):
             assert r["ci_low"] <= r["mean"] <= r["ci_high"]
 
 
+def test_faithfulness_resumes_with_curves_and_pearson_drop(tmp_path, minilm, monkeypatch):
+    """A --resume run computes only the new method's units; the old method's summary rows,
+    Pearson drop included (made from the records' curve points), are unchanged."""
+    from experiments import faithfulness
+    from lens_attrib import classifiers
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(
+        faithfulness, "load_classifier", partial(classifiers.load_classifier, cache_dir=cache)
+    )
+    computed: list[str] = []
+    real = faithfulness.classifier_unit
+    monkeypatch.setattr(
+        faithfulness, "classifier_unit", lambda *a, **k: computed.append(a[4]) or real(*a, **k)
+    )
+    common._MODELS[("minilm-l6", "cpu")] = minilm
+    args = ["--model", "minilm-l6", "--datasets", "stsb", "--n", "6", "--train-n", "24",
+            "--dev-n", "8", "--fractions", "0.3,0.6", "--batch-size", "3",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    try:
+        first = faithfulness.main([*args, "--methods", "random"])
+        assert computed == ["random", "random"]
+        again = faithfulness.main([*args, "--methods", "random,embed_norm", "--resume"])
+    finally:
+        common._MODELS.pop(("minilm-l6", "cpu"), None)
+    assert computed == ["random", "random", "embed_norm", "embed_norm"]
+    old = [r for r in first["summary"] if r["method"] == "random"]
+    new = [r for r in again["summary"] if r["method"] == "random"]
+    assert old == new
+    drops = {r["metric"] for r in old if r["metric"].startswith("pearson_drop")}
+    assert drops == {"pearson_drop", "pearson_drop@0.3", "pearson_drop@0.6"}
+    points = {r["metric"] for r in old}
+    assert {"output_full", "output_without_top@0.3", "comprehensiveness@0.6"} <= points
+
+
 def test_prompt_labels_are_single_tokens(smollm2):
     from experiments import faithfulness
     from lens_attrib.data import load_boolq
