@@ -3,7 +3,8 @@
 Two modes (``--mode``):
 
 - ``classifier`` (default): the built-in trained classifiers of :mod:`lens_attrib.classifiers`
-  (a linear head on the frozen model's final residual, trained once and cached):
+  (the model's last blocks fine-tuned with a linear head on its final residual, trained once
+  and cached; the explained model is the classifier's own fine-tuned copy):
   ``<model>-sst2`` (SmolLM2-135M or MiniLM-L6) on SST-2 dev sentences, ``minilm-l6-stsb`` on the
   held-out 30 % of STS-B dev (regression). The explained scalar is the head's logit of its
   predicted class (regression: its output), ``Target(head=…, position=<feature position>)``.
@@ -458,8 +459,8 @@ def run_classifiers(
             f"{args.model}-{dataset}", model=model, n_train=args.train_n, n_dev=args.dev_n
         )
         regression = clf.info.regression
-        inputs, gold = classifier_items(model, clf, dataset, args)
-        out = classifier_outputs(model, clf, inputs)
+        inputs, gold = classifier_items(clf.model, clf, dataset, args)
+        out = classifier_outputs(clf.model, clf, inputs)
         pred: list[Any] = out[:, 0].tolist() if regression else out.argmax(-1).tolist()
         gold_t = torch.as_tensor(gold)
         if regression:
@@ -483,7 +484,7 @@ def run_classifiers(
             for method in methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
-                    classifier_unit, model, clf, dataset, inputs[sl], method, start, args, pis,
+                    classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, args, pis,
                     fractions, None if regression else gold_t[sl], gold, pred, keep,
                 )  # fmt: skip
                 key = f"{dataset}:{clf_id}:{items_id}|{method}"

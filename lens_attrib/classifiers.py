@@ -54,6 +54,7 @@ from lens_attrib.heads import (
     load_head,
     residual_features,
     save_head,
+    score,
 )
 from lens_attrib.target import Target
 
@@ -70,12 +71,16 @@ class ClassifierSpec:
     task: str
     n_train: int | None = None
     seed: int = 0
+    tuned_blocks: int = 0
+    """``k``: fine-tune the last ``k`` blocks with the head (0: linear head on the frozen model)."""
+    epochs: int = 1
+    lr: float = 5e-5
 
 
 CLASSIFIERS = {
-    "smollm2-135m-sst2": ClassifierSpec("smollm2-135m", "sst2", 2000),
-    "minilm-l6-sst2": ClassifierSpec("minilm-l6", "sst2", 8000),
-    "minilm-l6-stsb": ClassifierSpec("minilm-l6", "stsb"),
+    "smollm2-135m-sst2": ClassifierSpec("smollm2-135m", "sst2", 6000, tuned_blocks=4),
+    "minilm-l6-sst2": ClassifierSpec("minilm-l6", "sst2", 8000, tuned_blocks=6, epochs=2),
+    "minilm-l6-stsb": ClassifierSpec("minilm-l6", "stsb", tuned_blocks=6, epochs=6),
 }
 
 
@@ -283,9 +288,65 @@ def load_classifier(
         model_name=spec.model,
         extra={"name": name, "model": spec.model, "task": spec.task, **about},
     )
+    if spec.tuned_blocks:
+        model, head, meta = tune_or_load(
+            model, head, meta, folder, spec, inputs, targets, dev_inputs, dev_targets
+        )
     labels = None if regression else SST2_LABELS
     info = ClassifierInfo(name, labels, regression, feature_position(model), meta)
     return Classifier(model, head, info)
+
+
+def tune_or_load(
+    model: Any,
+    head: LinearHead,
+    head_meta: dict[str, Any],
+    folder: Path,
+    spec: ClassifierSpec,
+    inputs: Sequence[Any],
+    targets: Tensor,
+    dev_inputs: Sequence[Any],
+    dev_targets: Tensor,
+) -> tuple[Any, LinearHead, dict[str, Any]]:
+    """The fine-tuned copy of ``model`` and its head (:mod:`lens_attrib.finetune`), from
+    ``<folder>-k<k>-e<epochs>-lr<lr>`` or trained there, starting from the frozen-model head."""
+    from lens_attrib.finetune import BLOCKS_FILE, fine_tune, head_rows, save_blocks, tuned_model
+
+    tag = f"-k{spec.tuned_blocks}-e{spec.epochs}-lr{spec.lr:g}"
+    tuned_folder = folder.with_name(folder.name + tag)
+    if (tuned_folder / "head.json").is_file() and (tuned_folder / BLOCKS_FILE).is_file():
+        tuned = tuned_model(model, tuned_folder)
+        tuned_head, meta = load_head(tuned_folder, tuned)
+        return tuned, tuned_head, meta
+    regression = spec.task == "stsb"
+    tuned, tuned_head, info = fine_tune(
+        model,
+        head,
+        inputs,
+        targets,
+        k=spec.tuned_blocks,
+        regression=regression,
+        epochs=spec.epochs,
+        lr=spec.lr,
+        seed=spec.seed,
+    )
+    with torch.no_grad():
+        out = torch.cat(
+            [
+                head_rows(tuned, tuned_head, dev_inputs[i : i + 32]).cpu()
+                for i in range(0, len(dev_inputs), 32)
+            ]
+        )
+    meta = {
+        **head_meta,
+        "linear_dev_score": head_meta.get("dev_score"),
+        "dev_score": score(out, dev_targets, regression),
+        "fine_tune": info,
+    }
+    save_blocks(tuned, spec.tuned_blocks, tuned_folder)
+    save_head(tuned_head, tuned_folder, meta)
+    tuned_head, meta = load_head(tuned_folder, tuned)
+    return tuned, tuned_head, meta
 
 
 __all__ = [

@@ -1,0 +1,197 @@
+"""Light fine-tuning of a classifier: the model's last ``k`` blocks and its linear head.
+
+The frozen-model head of :mod:`lens_attrib.heads` is the starting point. A *copy* of the model
+(the caller's model is never changed) has every parameter frozen except those of blocks
+``L − k … L − 1``; these and the head's linear map ``(W, c)`` are trained together on
+
+    cross-entropy(h(x_L[p]), y)        (classification)   or   MSE(h(x_L[p]), y)   (regression),
+
+where ``x_L[p]`` is the copy's final residual at the feature position (the last real token for
+decoders, ``[CLS]`` for encoders) and ``h`` the head (``ln_final`` then the linear map for
+decoders). Optimiser: AdamW (weight decay 0.01 on matrices), learning rate warmed up linearly
+over the first 10 % of the steps and decayed linearly to 0, mini-batches of seeded shuffles.
+The frozen lower blocks only run forward (no graph is built below block ``L − k``).
+
+Storage: :func:`save_blocks` writes the tuned blocks' parameters (``blocks.<i>.…`` names, the
+TransformerLens parameter names) to ``blocks.safetensors``; :func:`tuned_model` copies a base model
+and writes them into it with ``Tensor.copy_`` (bit-exact, and the copy keeps the fast-forward
+layout of :mod:`lens_attrib.fastpath`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lens_attrib.backend import arch_of
+from lens_attrib.forward import resid_of, target_rows
+from lens_attrib.heads import LinearHead, feature_position, head_norm
+from lens_attrib.inputs import to_batch
+
+BLOCKS_FILE = "blocks.safetensors"
+
+
+def tuned_block_names(model: Any, k: int) -> list[str]:
+    """Parameter names (``blocks.<i>.…``) of the last ``k`` blocks."""
+    n_layers = arch_of(model).n_layers
+    if not 1 <= k <= n_layers:
+        raise ValueError(f"k must be between 1 and the model's {n_layers} blocks, got {k}")
+    first = n_layers - k
+    return [
+        name
+        for name, _ in model.named_parameters()
+        if name.startswith("blocks.") and int(name.split(".")[1]) >= first
+    ]
+
+
+def trainable_copy(model: Any, k: int) -> Any:
+    """A deep copy of ``model`` in which only the last ``k`` blocks require gradients."""
+    names = set(tuned_block_names(model, k))
+    tuned = copy.deepcopy(model)
+    for name, param in tuned.named_parameters():
+        param.requires_grad_(name in names)
+    return tuned
+
+
+def head_on(model: Any, head: LinearHead) -> LinearHead:
+    """A copy of ``head``'s linear map on ``model``'s own final normalisation."""
+    new = LinearHead(head.linear.in_features, head.linear.out_features, head_norm(model))
+    new.linear.load_state_dict(head.linear.state_dict())
+    return new.to(device=head.linear.weight.device, dtype=head.linear.weight.dtype)
+
+
+def _loss(out: Tensor, y: Tensor, regression: bool) -> Tensor:
+    if regression:
+        return nn.functional.mse_loss(out[:, 0], y.to(out.dtype))
+    return nn.functional.cross_entropy(out, y.long())
+
+
+def head_rows(model: Any, head: LinearHead, inputs: Sequence[Any]) -> Tensor:
+    """``h(x_L[p])`` for a batch of inputs (under the caller's autograd mode)."""
+    batch = to_batch(model, list(inputs))
+    position = feature_position(model)
+    pos = batch.last_real if position is None else batch.first_real + position
+    return head(target_rows(resid_of(model, batch), pos))  # type: ignore[no-any-return]
+
+
+def fine_tune(
+    model: Any,
+    head: LinearHead,
+    inputs: Sequence[Any],
+    targets: Tensor,
+    *,
+    k: int,
+    regression: bool = False,
+    epochs: int = 1,
+    lr: float = 5e-5,
+    head_lr: float | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> tuple[Any, LinearHead, dict[str, Any]]:
+    """Train the last ``k`` blocks of a copy of ``model`` and a copy of ``head`` (module
+    docstring). Returns ``(tuned model, tuned head, info)``; ``model`` and ``head`` are left
+    unchanged. ``head_lr``: the head's learning rate (default ``10 · lr``)."""
+    if len(inputs) != len(targets) or not len(inputs):
+        raise ValueError(f"need one target per input, got {len(inputs)} and {len(targets)}")
+    started = time.perf_counter()
+    tuned = trainable_copy(model, k)
+    tuned_head = head_on(tuned, head)
+    tuned_head.requires_grad_(True)
+    blocks = [p for p in tuned.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in blocks if p.ndim >= 2], "weight_decay": 0.01, "lr": lr},
+        {"params": [p for p in blocks if p.ndim < 2], "weight_decay": 0.0, "lr": lr},
+        {"params": list(tuned_head.parameters()), "weight_decay": 0.0, "lr": head_lr or 10 * lr},
+    ]
+    optimiser = torch.optim.AdamW(groups)
+    base = [g["lr"] for g in optimiser.param_groups]
+    n_steps = epochs * math.ceil(len(inputs) / batch_size)
+    warmup = max(1, n_steps // 10)
+    gen = torch.Generator().manual_seed(seed)
+    step, losses = 0, []
+    with torch.inference_mode(False), torch.enable_grad():
+        for _ in range(epochs):
+            order = torch.randperm(len(inputs), generator=gen).tolist()
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                scale = min(
+                    (step + 1) / warmup, max(0.0, (n_steps - step) / max(1, n_steps - warmup))
+                )
+                for group, lr0 in zip(optimiser.param_groups, base):
+                    group["lr"] = lr0 * scale
+                out = head_rows(tuned, tuned_head, [inputs[i] for i in rows])
+                y = targets[rows].to(out.device)
+                loss = _loss(out, y, regression)
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                optimiser.step()
+                losses.append(float(loss.detach()))
+                step += 1
+    for param in tuned.parameters():
+        param.requires_grad_(False)
+        param.grad = None
+    tuned_head.requires_grad_(False)
+    tail = losses[-max(1, len(losses) // 10) :]
+    info = {
+        "k": k,
+        "epochs": epochs,
+        "lr": lr,
+        "head_lr": head_lr or 10 * lr,
+        "batch_size": batch_size,
+        "steps": n_steps,
+        "final_loss": sum(tail) / len(tail),
+        "fine_tune_seconds": round(time.perf_counter() - started, 1),
+    }
+    return tuned, tuned_head, info
+
+
+def save_blocks(model: Any, k: int, folder: str | Path) -> Path:
+    """Write the last ``k`` blocks' parameters to ``folder/blocks.safetensors``."""
+    from safetensors.torch import save_file
+
+    params = dict(model.named_parameters())
+    state = {n: params[n].detach().cpu().contiguous() for n in tuned_block_names(model, k)}
+    path = Path(folder) / BLOCKS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
+def tuned_model(model: Any, folder: str | Path) -> Any:
+    """A copy of ``model`` with the tuned blocks of ``folder`` written into it (bit-exact)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(folder) / BLOCKS_FILE))
+    tuned = copy.deepcopy(model)
+    params = dict(tuned.named_parameters())
+    unknown = sorted(set(state) - set(params))
+    if unknown:
+        raise ValueError(f"{folder}: parameters {unknown[:3]} are not in this model.")
+    with torch.no_grad():
+        for name, value in state.items():
+            if params[name].shape != value.shape:
+                raise ValueError(
+                    f"{folder}: {name} has shape {tuple(value.shape)}, the model "
+                    f"{tuple(params[name].shape)}: load it on the model it was tuned from."
+                )
+            params[name].copy_(value)
+    return tuned
+
+
+__all__ = [
+    "BLOCKS_FILE",
+    "fine_tune",
+    "head_on",
+    "head_rows",
+    "save_blocks",
+    "trainable_copy",
+    "tuned_block_names",
+    "tuned_model",
+]
