@@ -210,3 +210,118 @@ def test_unsupported_attention_settings_fall_back_to_transformer_lens() -> None:
     _close(logits_fast, logits_slow)
     for key, value in cache_slow.items():
         _close(cache_fast[key], value)
+
+
+def _observe(x: torch.Tensor, hook: Any) -> None:
+    """A hook that only looks: it makes the lean attention take its eager (scores) branch."""
+
+
+def _saved_pattern_storages(
+    model: Any, tokens: torch.Tensor, mask: torch.Tensor, hooks: list[Any]
+) -> int:
+    """Distinct per-head ``[batch, head, q, k]`` tensors autograd keeps for the backward of one
+    forward (the fused kernel keeps the padding mask, ``[batch, 1, q, k]``, which is not one)."""
+    n, n_heads = tokens.shape[1], model.cfg.n_heads
+    storages: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 4 and tuple(t.shape[1:]) == (n_heads, n, n):
+            storages.add(t.untyped_storage().data_ptr())
+        return t
+
+    embed = model.embed.W_E.detach().requires_grad_(True)
+    hooks = [("hook_embed", lambda x, hook: embed[tokens]), *hooks]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with model.hooks(fwd_hooks=hooks):
+            model(tokens, attention_mask=mask)
+    return len(storages)
+
+
+SCORES_OBSERVED = [(lambda name: name.endswith("hook_attn_scores"), _observe)]
+
+
+def test_attention_keeps_at_most_one_pattern_per_layer_for_the_backward() -> None:
+    """Eager TL saves the softmax output and its NaN-zeroed copy; the lean branch one tensor; the
+    fused branch (nothing observes scores or pattern) none."""
+    slow, fast = tiny_llama(dtype=F64), enable_fast_forward(tiny_llama(dtype=F64))
+    batch = to_batch(slow, PROMPTS)
+    n_layers = slow.cfg.n_layers
+    assert _saved_pattern_storages(slow, batch.tokens, batch.mask, []) == 2 * n_layers
+    assert _saved_pattern_storages(fast, batch.tokens, batch.mask, SCORES_OBSERVED) == n_layers
+    assert _saved_pattern_storages(fast, batch.tokens, batch.mask, []) == 0
+
+
+def _input_gradient(name: str, model: Any, padding_side: str, hooks: list[Any]) -> torch.Tensor:
+    model.tokenizer.padding_side = padding_side
+    enc = model.tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    tokens, mask = enc["input_ids"], enc["attention_mask"]
+    assert not mask.all()
+    leaf: dict[str, torch.Tensor] = {}
+
+    def make_leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        leaf["x"] = x.detach().requires_grad_(True)
+        return leaf["x"]
+
+    mask_kwarg = "one_zero_attention_mask" if name == "bert" else "attention_mask"
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", make_leaf), *hooks]):
+        out = model(tokens, **{mask_kwarg: mask})
+    (grad,) = torch.autograd.grad((out[:, -1] * mask[:, -1, None]).square().sum(), leaf["x"])
+    assert torch.isfinite(grad).all()
+    return grad
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_input_gradients_with_padding(name: str, padding_side: str) -> None:
+    """Lean softmax (scores observed): TL's gradients bit for bit, fully masked rows included;
+    fused attention (nothing observed): equal to float64 rounding."""
+    build = BUILDERS[name]
+    slow, fast = build(dtype=F64), enable_fast_forward(build(dtype=F64))
+    reference = _input_gradient(name, slow, padding_side, [])
+    assert torch.equal(_input_gradient(name, fast, padding_side, SCORES_OBSERVED), reference)
+    _close(_input_gradient(name, fast, padding_side, []), reference)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_fused_attention_outputs_and_z_match(name: str) -> None:
+    """Without hooks on scores or pattern, logits and ``hook_z`` equal the eager model's."""
+    build = BUILDERS[name]
+    slow, fast = build(dtype=F64), enable_fast_forward(build(dtype=F64))
+    batch = to_batch(slow, PROMPTS)
+    seen: list[dict[str, torch.Tensor]] = [{}, {}]
+    for model, store in zip((slow, fast), seen):
+
+        def keep(x: torch.Tensor, hook: Any, store: dict[str, torch.Tensor] = store) -> None:
+            store[hook.name] = x.detach().clone()
+
+        with torch.no_grad(), model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_z"), keep)]):
+            store["logits"] = model(batch.tokens, **batch.model_kwargs())
+    assert seen[0].keys() == seen[1].keys() and len(seen[0]) == slow.cfg.n_layers + 1
+    for key, value in seen[0].items():
+        keep_rows = batch.mask.reshape(batch.mask.shape + (1,) * (value.ndim - 2))
+        _close(seen[1][key] * keep_rows, value * keep_rows)
+
+
+def test_in_place_pattern_edits_keep_gradients() -> None:
+    """A head-ablation hook that zeroes a head's pattern in place still back-propagates."""
+    grads = []
+
+    def ablate(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+        pattern[:, 0] = 0.0
+        return pattern
+
+    for patch in (False, True):
+        model = tiny_llama(dtype=F64)
+        if patch:
+            enable_fast_forward(model)
+        tokens = _tok(model)[:1]
+        embed = model.embed.W_E[tokens].detach().requires_grad_(True)
+        hooks = [
+            ("hook_embed", lambda x, hook, embed=embed: embed),
+            ("blocks.0.attn.hook_pattern", ablate),
+        ]
+        with model.hooks(fwd_hooks=hooks):
+            out = model(tokens)
+        (grad,) = torch.autograd.grad(out[:, -1].square().sum(), embed)
+        grads.append(grad)
+    _close(grads[1], grads[0])
