@@ -1,7 +1,7 @@
 """Our SmolLM2-135M attributions against the Hugging Face path: LXT, plain autograd and Captum.
 
     python -m benchmarks.bench_peers --peer-python /path/to/python [--lengths 128 512]
-        [--reps 10] [--ig-reps 3] [--ig-steps 50] [--ig-length 128] [--no-memory]
+        [--reps 10] [--ig-reps 3] [--ig-steps 50] [--ig-length 128] [--no-memory] [--no-time]
 
 ``--peer-python`` is a Python with ``transformers < 5``, ``lxt`` (2.x) and ``captum`` installed (and
 ``torch`` of the same version as ours); this file runs in it as a script (``--worker``) and imports
@@ -37,7 +37,8 @@ from other processes on a shared machine hits all sides alike; the table shows t
 ``--reps`` rounds (``--ig-reps`` for IG). Peak memory: every (side, kind) runs once more in a
 fresh process; after loading and a warm-up call the worker resets the resident-set high-water mark
 (``echo 5 > /proc/self/clear_refs``) and reports ``VmHWM − VmRSS`` around the measured call
-(``peak_extra_mb``, the memory the call needs beyond the loaded model) and ``VmHWM``.
+(``peak_extra_mb``, the memory the call needs beyond the loaded model) and ``VmHWM``; it also
+reports ``VmRSS`` right after loading, before any call (``loaded_mb``: the resident model).
 """
 
 from __future__ import annotations
@@ -239,13 +240,16 @@ def worker(args: argparse.Namespace) -> None:
     )
     if args.once:  # peak memory of one call in this fresh process
         kind, length = args.once[0], int(args.once[1])
+        gc.collect()
+        loaded = _status_kb("VmRSS")  # the process with its model loaded, nothing run yet
         call(kind, opts["ids"][:8], opts)  # warm-up
         gc.collect()
         _reset_peak()
         before = _status_kb("VmRSS")
         call(kind, opts["ids"][:length], opts)
         peak = _status_kb("VmHWM")
-        out.write(json.dumps({"peak_extra_mb": (peak - before) / 1024, "peak_mb": peak / 1024}))
+        sizes = {"peak_extra_mb": (peak - before) / 1024, "peak_mb": peak / 1024}
+        out.write(json.dumps({**sizes, "loaded_mb": loaded / 1024}))
         out.write("\n")
         return
     out.write(json.dumps({"ready": side}) + "\n")
@@ -386,11 +390,16 @@ def report(times: dict[str, list[float]], peaks: dict[str, Any]) -> str:
             f"{best['ours_copy'] / best[peer]:.2f} | ≤ {GOALS[kind]} |"
         )
     if peaks:
-        rows += ["", "| kind | T | side | peak extra MB | peak total MB |", "|---|---|---|---|---|"]
+        rows += [
+            "",
+            "| kind | T | side | peak extra MB | peak total MB | resident after loading MB |",
+            "|---|---|---|---|---|---|",
+        ]
         for key, p in peaks.items():
             side, kind, length = key.split("|")
             rows.append(
-                f"| {kind} | {length} | {side} | {p['peak_extra_mb']:.0f} | {p['peak_mb']:.0f} |"
+                f"| {kind} | {length} | {side} | {p['peak_extra_mb']:.0f} | {p['peak_mb']:.0f} | "
+                f"{p.get('loaded_mb', float('nan')):.0f} |"
             )
     return "\n".join(rows)
 
@@ -404,6 +413,9 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--ig-length", type=int, default=128)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--no-time", action="store_true", help="peak memory only (not disturbed by other load)"
+    )
     parser.add_argument(
         "--memory-kinds",
         nargs="+",
@@ -427,7 +439,7 @@ def main() -> None:
     opts_file = out_path.with_suffix(".opts.json")
     opts = _options(args, opts_file)
     load = os.getloadavg()
-    times = time_all(args, str(opts_file), env)
+    times = {} if args.no_time else time_all(args, str(opts_file), env)
     out_path.write_text(json.dumps({"times": times, "peaks": {}}, indent=1))  # kept if memory fails
     print(report(times, {}), file=sys.stderr, flush=True)
     peaks = {} if args.no_memory else memory_all(args, str(opts_file), env)

@@ -21,6 +21,7 @@ layout of :mod:`lens_attrib.fastpath`).
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from lens_attrib.heads import LinearHead, feature_position, head_norm
 from lens_attrib.inputs import to_batch
 
 BLOCKS_FILE = "blocks.safetensors"
+LOG = logging.getLogger("lens_attrib.finetune")
 
 
 def tuned_block_names(model: Any, k: int) -> list[str]:
@@ -134,6 +136,15 @@ def fine_tune(
                 optimiser.step()
                 losses.append(float(loss.detach()))
                 step += 1
+                if step % max(1, n_steps // 10) == 0 or step == n_steps:
+                    recent = losses[-max(1, n_steps // 10) :]
+                    LOG.info(
+                        "fine-tune step %d/%d, mean loss %.4f, %.0f s",
+                        step,
+                        n_steps,
+                        sum(recent) / len(recent),
+                        time.perf_counter() - started,
+                    )
     for param in tuned.parameters():
         param.requires_grad_(False)
         param.grad = None

@@ -18,7 +18,11 @@ Training (:func:`fit_head`). The normalised features ``u = n(x)`` are standardis
 by full-batch L-BFGS on cross-entropy (classification) or mean squared error (regression) plus
 ``λ ‖A‖²``; ``λ`` is chosen from a grid on a seeded 85/15 split of the training data, then the
 map is refitted on all of it. The standardisation is folded into the saved map,
-``W = A / σ``, ``c = a − (A / σ) · μ``, so a head is one ``nn.Linear`` after ``n``.
+``W = A / σ``, ``c = a − (A / σ) · μ``, so a head is one ``nn.Linear`` after ``n``. Features that
+are constant over the training set (``σ_j ≤ 10⁻⁶ · median σ``: all-MiniLM-L6-v2's final LayerNorm
+has three dimensions with weights of ``10⁻⁹`` and below) carry no information and get
+``W_j = 0``; standardising them would divide by ``σ_j ≈ 0`` and give weights of ``10⁷`` that
+blow up the gradient to that LayerNorm once the last blocks are fine-tuned.
 
 Storage (:func:`save_head` / :func:`load_head`): ``head.safetensors`` (the linear map) and
 ``head.json`` (metadata: training-data hash, seed, n, dev accuracy or Pearson r, …) in one
@@ -42,6 +46,11 @@ from lens_attrib.inputs import to_batch
 
 WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2, 1e-1)
 HEAD_FORMAT = "1"
+HEAD_FIT = 2
+"""Version of :func:`fit_head`'s recipe, kept in a head's metadata: 2 leaves constant features
+out (1 standardised them with ``σ`` clamped at ``1e-8``, which gave near-constant features weights
+of ``1e7``; harmless on frozen features, ruinous once the model below is fine-tuned)."""
+CONSTANT_FEATURE_RTOL = 1e-6
 
 
 class LinearHead(nn.Module):
@@ -170,8 +179,10 @@ def fit_head(
         x = features.to(device=model.cfg.device, dtype=model.cfg.dtype)
         u = head.normalise(x).cpu().to(torch.float64)
     y = targets.to(torch.float64) if regression else targets.long()
-    mu, sigma = u.mean(0), u.std(0).clamp_min(1e-8)
-    z = (u - mu) / sigma
+    mu, sigma = u.mean(0), u.std(0)
+    informative = sigma > CONSTANT_FEATURE_RTOL * sigma.median()
+    sigma = torch.where(informative, sigma, torch.ones_like(sigma))
+    z = torch.where(informative, (u - mu) / sigma, torch.zeros_like(u))
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(z), generator=gen)
     n_val = max(1, int(0.15 * len(z)))
@@ -184,12 +195,18 @@ def fit_head(
     best = max(scores, key=lambda wd: scores[wd])
     lin = _fit_linear(z, y, n_out, best, regression, seed)
     with torch.no_grad():
-        weight = lin.weight / sigma
+        weight = torch.where(informative, lin.weight / sigma, torch.zeros_like(lin.weight))
         head.linear.weight.copy_(weight)
         head.linear.bias.copy_(lin.bias - weight @ mu)
         train_score = score(lin(z), y, regression)
     head.requires_grad_(False)
-    info = {"weight_decay": best, "selection_score": scores[best], "train_score": train_score}
+    info = {
+        "weight_decay": best,
+        "selection_score": scores[best],
+        "train_score": train_score,
+        "constant_features": int((~informative).sum()),
+        "fit": HEAD_FIT,
+    }
     return head, info
 
 
@@ -250,6 +267,7 @@ def load_head(folder: str | Path, model: Any) -> tuple[LinearHead, dict[str, Any
 
 
 __all__ = [
+    "HEAD_FIT",
     "LinearHead",
     "evaluate_head",
     "feature_position",

@@ -12,6 +12,7 @@ from lens_attrib import Target, attribute, to_batch
 from lens_attrib.classifiers import ClassifierInfo, train_or_load
 from lens_attrib.forward import no_grad_context, resid_of
 from lens_attrib.heads import (
+    HEAD_FIT,
     LinearHead,
     evaluate_head,
     feature_position,
@@ -152,3 +153,38 @@ def test_alti_logit_reads_a_linear_head_through_ln_final():
     ours = attribute(model, prompts, Target(head=head, token=7), method="alti_logit")
     default = attribute(model, prompts, Target(token=7), method="alti_logit")
     torch.testing.assert_close(ours.scores, default.scores, rtol=1e-5, atol=1e-6)
+
+
+def test_constant_features_get_zero_weight():
+    """A feature constant over the training set (as in MiniLM's final LayerNorm, weights ~1e-9)
+    gets weight 0, not ``A / σ`` with ``σ ≈ 0``; the fit on the other features is unchanged."""
+    torch.manual_seed(0)
+    model = tiny_bert()
+    texts, labels = toy_sentiment()
+    feats = residual_features(model, texts, batch_size=32).double()
+    d = feats.shape[1]
+    frozen = feats.clone()
+    frozen[:, 0] = 0.25 + 1e-9 * torch.randn(len(feats), dtype=feats.dtype)  # ≈ constant
+    frozen[:, 1] = -0.5  # exactly constant
+    model64 = model.to(torch.float64)
+    head, info = fit_head(model64, frozen, labels, n_out=2, weight_decays=(1e-3,))
+    weight = head.linear.weight
+    assert torch.equal(weight[:, :2], torch.zeros_like(weight[:, :2]))
+    assert info["constant_features"] == 2 and info["fit"] == HEAD_FIT
+    assert weight.abs().max() < 1e3
+    zeroed = frozen.clone()
+    zeroed[:, :2] = 0.0  # the same information, the constant columns at 0
+    reference, _ = fit_head(model64, zeroed, labels, n_out=2, weight_decays=(1e-3,))
+    torch.testing.assert_close(head(frozen), reference(zeroed), rtol=1e-9, atol=1e-9)
+    assert evaluate_head(head, frozen, labels, regression=False) >= 0.95
+    assert d > 2
+
+
+def test_train_or_load_refits_heads_of_an_earlier_recipe(model, tmp_path):
+    texts, labels = toy_sentiment(2)
+    args = (texts[:40], labels[:40], texts[40:], labels[40:])
+    head, meta = train_or_load(model, tmp_path, *args, n_out=2, seed=1, weight_decays=(1e-3,))
+    save_head(head, tmp_path, {**meta, "fit": 1})  # as saved by the earlier recipe
+    again, meta2 = train_or_load(model, tmp_path, *args, n_out=2, seed=1, weight_decays=(1e-3,))
+    assert meta2["fit"] == HEAD_FIT
+    assert torch.equal(again.linear.weight, head.linear.weight)
