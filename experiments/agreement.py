@@ -71,7 +71,7 @@ from experiments.common import (
     setup,
     write_outputs,
 )
-from experiments.resume import Units, fingerprint
+from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import (
@@ -143,15 +143,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         help="template items generated / BLiMP items drawn per task before keeping the "
         "correctly predicted ones (default: --n); e.g. --n 100 --n-pool 200 explains 100",
     )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run journaled in --out (agreement.records.jsonl): finished "
-        "units (task × batch × mode × method) are reused, the rest computed",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="discard a journal already in --out"
-    )
+    add_resume_arguments(parser, "agreement", "task × batch × mode × method")
     parser.add_argument(
         "--no-bos",
         action="store_true",

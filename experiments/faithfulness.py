@@ -67,7 +67,7 @@ from experiments.common import (
     setup,
     write_outputs,
 )
-from experiments.resume import Units, fingerprint
+from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
 from lens_attrib.classifiers import Classifier, load_classifier, pair_ids, stsb_split
@@ -140,15 +140,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--max-batch", type=int, default=32, help="rows per perturbed forward")
     parser.add_argument("--no-fixed", action="store_true", help="skip fixed-routing π-Soft")
     parser.add_argument("--no-chat", action="store_true", help="plain prompts, no chat template")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run journaled in --out (faithfulness.records.jsonl): finished "
-        "units (dataset × batch × method) are reused, the rest computed",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="discard a journal already in --out"
-    )
+    add_resume_arguments(parser, "faithfulness", "dataset × batch × method")
     return parser.parse_args(argv)
 
 

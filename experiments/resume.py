@@ -18,6 +18,7 @@ records the code version (package version and git commit) that computed it.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -91,4 +92,18 @@ class Units:
         return records
 
 
-__all__ = ["Records", "Units", "fingerprint"]
+def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) -> None:
+    """``--resume`` and ``--overwrite`` for an experiment journaled in
+    ``<out>/<name>.records.jsonl`` whose units are ``unit`` (e.g. "task × batch × method")."""
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"continue the run journaled in --out ({name}.records.jsonl): finished units "
+        f"({unit}) are reused, the rest computed",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="discard a journal already in --out"
+    )
+
+
+__all__ = ["Records", "Units", "add_resume_arguments", "fingerprint"]
