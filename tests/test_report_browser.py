@@ -10,6 +10,7 @@ the CDN) shows that the harness does catch a page that needs the network.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import plotly.graph_objects as go
 import pytest
@@ -97,14 +98,20 @@ def test_demo_report_renders_offline(smollm2, tmp_path, chromium, one_thread):
     assert report.dom.count('class="tok"') == sum(len(a.tokens[0]) for a in out["attributions"])
 
 
-def test_experiment_report_renders_offline(smollm2, tmp_path, chromium, one_thread):
+def test_experiment_report_renders_offline(smollm2, tmp_path, chromium, one_thread, monkeypatch):
+    """The faithfulness page, on a classifier trained on a few items in a temporary cache (the
+    built-in one takes hours to train and is not part of the suite)."""
     from experiments import faithfulness
+    from lens_attrib import classifiers
 
+    trained = partial(classifiers.load_classifier, cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(faithfulness, "load_classifier", trained)
     common._MODELS[("smollm2-135m", "cpu")] = smollm2
     try:
         out = faithfulness.main(
             [
                 "--n", "1", "--datasets", "sst2", "--methods", "normxlogit,random",
+                "--train-n", "24", "--dev-n", "8",
                 "--max-tokens", "12", "--pis", "0.3,0.7", "--n-draws", "1",
                 "--fractions", "0.5", "--device", "cpu", "--out", str(tmp_path / "faith"),
             ]
