@@ -53,8 +53,8 @@ backward at all, and the attention's memory passes shrink to the kernel's. Its v
 eager ones to float rounding (not bit for bit); every other hook (``hook_q/k/v``,
 ``hook_rot_q/k``, ``hook_z``) fires as before. Methods and users that hook the scores or the
 pattern (attention baselines, ALTI, CP-LRP, fixed routing, ``run_with_cache``) get the eager
-branch, bit-identical to TransformerLens. Every hook point fires with the same tensor as before
-(``hook_q/k/v``, ``hook_rot_q/k``, ``hook_attn_scores``, ``hook_pattern``, ``hook_z``); other
+branch, bit-identical to TransformerLens, where every hook point fires with the same tensor as
+before (``hook_q/k/v``, ``hook_rot_q/k``, ``hook_attn_scores``, ``hook_pattern``, ``hook_z``); other
 configurations run TransformerLens' own ``forward``.
 """
 
