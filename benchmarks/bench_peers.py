@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_peers --peer-python /path/to/python [--lengths 128 512]
         [--reps 10] [--ig-reps 3] [--ig-steps 50] [--ig-length 128] [--no-memory] [--no-time]
+        [--profile-kinds grad_x_input attnlrp]
 
 ``--peer-python`` is a Python with ``transformers < 5``, ``lxt`` (2.x) and ``captum`` installed (and
 ``torch`` of the same version as ours); this file runs in it as a script (``--worker``) and imports
@@ -39,6 +40,13 @@ fresh process; after loading and a warm-up call the worker resets the resident-s
 (``echo 5 > /proc/self/clear_refs``) and reports ``VmHWM − VmRSS`` around the measured call
 (``peak_extra_mb``, the memory the call needs beyond the loaded model) and ``VmHWM``; it also
 reports ``VmRSS`` right after loading, before any call (``loaded_mb``: the resident model).
+
+Profile (``--profile-kinds``): one call of each listed kind per side, in a fresh process after a
+warm-up call, under ``torch.profiler`` with FLOP counting; the table splits its self CPU time into
+the matrix products (``mm``/``addmm``/``bmm``/``baddbmm``, with their GFLOP and GFLOP/s), the fused
+attention kernels and everything else, and gives the GFLOP/s one thread reaches here on a bare
+``F.linear`` of the MLP's shape: equal FLOPs at the core's rate on both sides is a floor no
+rearrangement of the rest can go below.
 """
 
 from __future__ import annotations
@@ -73,6 +81,9 @@ GOALS = {  # ours ÷ peer, from the issue (not tests)
     "ig": 0.8,
 }
 ROOT = Path(__file__).resolve().parents[1]
+# Matrix products as the profiler names them (it counts their FLOPs); SDPA kernels apart.
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ATTENTION_PREFIX = "aten::_scaled_dot_product"
 HF_DIR_NAME = "smollm2-135m-hf-transformers4-f32"
 
 
@@ -238,6 +249,10 @@ def worker(args: argparse.Namespace) -> None:
         if side in ("ours", "ours_copy")
         else _peer_calls(side, opts["hf_dir"], opts["gguf"])
     )
+    if args.profile:  # where one call's time goes, in this fresh process
+        kind, length = args.profile[0], int(args.profile[1])
+        out.write(json.dumps(_profile_call(call, kind, opts["ids"][:length], opts)) + "\n")
+        return
     if args.once:  # peak memory of one call in this fresh process
         kind, length = args.once[0], int(args.once[1])
         gc.collect()
@@ -258,6 +273,50 @@ def worker(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         call(request["kind"], opts["ids"][: request["length"]], opts)
         out.write(json.dumps({"seconds": time.perf_counter() - started}) + "\n")
+
+
+def _profile_call(call: Any, kind: str, ids: list[int], opts: dict[str, Any]) -> dict[str, float]:
+    """One call under ``torch.profiler`` (after a warm-up call): self time of the matrix
+    products (with the FLOPs the profiler counts for them), of the fused attention kernels, and
+    of everything else."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call(kind, ids, opts)
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        call(kind, ids, opts)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    matmul = [e for e in events if e.key in MATMUL_OPS]
+    attention = [e for e in events if e.key.startswith(ATTENTION_PREFIX)]
+    matmul_s = sum(e.self_cpu_time_total for e in matmul) / 1e6
+    attention_s = sum(e.self_cpu_time_total for e in attention) / 1e6
+    return {
+        "total_s": total,
+        "matmul_s": matmul_s,
+        "matmul_gflop": sum(e.flops for e in matmul) / 1e9,
+        "matmul_calls": sum(e.count for e in matmul),
+        "attention_s": attention_s,
+        "other_s": total - matmul_s - attention_s,
+    }
+
+
+def sgemm_rate(length: int, d_model: int = 576, d_mlp: int = 1536, reps: int = 20) -> float:
+    """GFLOP/s of one thread on ``[length, d_model] @ [d_model, d_mlp]`` (the MLP's product at
+    this length), best of ``reps``: what this core's BLAS reaches on the models' own shapes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, w = torch.randn(length, d_model), torch.randn(d_mlp, d_model)
+        best = float("inf")
+        for _ in range(reps + 3):
+            started = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            best = min(best, time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * length * d_model * d_mlp / best / 1e9
 
 
 # ------------------------------------------------------------------------- main process
@@ -372,6 +431,56 @@ def memory_all(args: argparse.Namespace, opts_file: str, env: dict[str, str]) ->
     return peaks
 
 
+def profile_all(args: argparse.Namespace, opts_file: str, env: dict[str, str]) -> dict[str, Any]:
+    profiles: dict[str, Any] = {}
+    for kind in args.profile_kinds:
+        for length in args.lengths:
+            for side in ("ours", PEER_OF[kind]):
+                command = [
+                    *_command(side, args.peer_python, opts_file),
+                    "--profile",
+                    kind,
+                    str(length),
+                ]
+                out = subprocess.run(
+                    command, check=True, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+                )
+                profiles[f"{side}|{kind}|{length}"] = json.loads(
+                    out.stdout.strip().splitlines()[-1]
+                )
+                print(f"profile {side} {kind} {length} done", file=sys.stderr, flush=True)
+    for length in args.lengths:
+        profiles[f"sgemm|{length}"] = {"gflop_per_s": sgemm_rate(length)}
+    return profiles
+
+
+def profile_report(profiles: dict[str, Any]) -> str:
+    rows = [
+        "| kind | T | side | profiled s | matrix products s (share) | their GFLOP | their GFLOP/s "
+        "| SDPA kernels s | everything else s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, p in profiles.items():
+        if key.startswith("sgemm|"):
+            continue
+        side, kind, length = key.split("|")
+        rows.append(
+            f"| {kind} | {length} | {side} | {p['total_s']:.3f} | {p['matmul_s']:.3f} "
+            f"({p['matmul_s'] / p['total_s']:.0%}) | {p['matmul_gflop']:.1f} | "
+            f"{p['matmul_gflop'] / p['matmul_s']:.1f} | {p['attention_s']:.3f} | "
+            f"{p['other_s']:.3f} |"
+        )
+    rates = [
+        f"T = {key.split('|')[1]}: {p['gflop_per_s']:.1f} GFLOP/s"
+        for key, p in profiles.items()
+        if key.startswith("sgemm|")
+    ]
+    if rates:
+        rows.append("")
+        rows.append("One thread's F.linear on [T, 576] x [576, 1536] here: " + "; ".join(rates))
+    return "\n".join(rows)
+
+
 def report(times: dict[str, list[float]], peaks: dict[str, Any]) -> str:
     rows = [
         "| kind | T | ours s | ours_copy s | peer s | ours ÷ peer | ours_copy ÷ peer | goal |",
@@ -423,10 +532,19 @@ def main() -> None:
         default=["forward", "attnlrp", "grad_x_input", "ig"],
         help="calls whose peak memory is measured (at the longest length; IG at --ig-length)",
     )
+    parser.add_argument(
+        "--profile-kinds",
+        nargs="*",
+        choices=["forward_last", "attnlrp", "grad_x_input"],
+        default=[],
+        help="also profile one call of these kinds per side (matrix products vs the rest; not "
+        "IG: the profiler's records of its 50 steps took over 20 GB here)",
+    )
     parser.add_argument("--out", default="results/bench_peers.json")
     parser.add_argument("--worker", choices=SIDES)
     parser.add_argument("--opts")
     parser.add_argument("--once", nargs=2, metavar=("KIND", "T"))
+    parser.add_argument("--profile", nargs=2, metavar=("KIND", "T"))
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -443,12 +561,18 @@ def main() -> None:
     out_path.write_text(json.dumps({"times": times, "peaks": {}}, indent=1))  # kept if memory fails
     print(report(times, {}), file=sys.stderr, flush=True)
     peaks = {} if args.no_memory else memory_all(args, str(opts_file), env)
+    profiles = profile_all(args, str(opts_file), env) if args.profile_kinds else {}
     table = report(times, peaks)
+    if profiles:
+        table += "\n\n" + profile_report(profiles)
     print(f"load average at start {load}, at end {os.getloadavg()} (interleaved rounds)")
     print(f"IG: {opts['ig_steps']} steps, {opts['ig_batch']} steps per forward on both sides")
     print(table)
     out_path.write_text(
-        json.dumps({"times": times, "peaks": peaks, "load": [load, os.getloadavg()]}, indent=1)
+        json.dumps(
+            {"times": times, "peaks": peaks, "profiles": profiles, "load": [load, os.getloadavg()]},
+            indent=1,
+        )
     )
 
 
