@@ -219,6 +219,19 @@ def forward_kwargs(arch: Arch, mask: Tensor, padded: bool) -> dict[str, Tensor]:
     return {"attention_mask": mask.long()} if padded else {}
 
 
+def has_hooks(point: nn.Module) -> bool:
+    """Whether any forward or backward hook (its own or a global one) is on ``point``."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(
+        point._forward_hooks
+        or point._forward_pre_hooks
+        or point._backward_hooks
+        or nn_module._global_forward_hooks
+        or nn_module._global_backward_hooks
+    )
+
+
 def final_residual(
     model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool
 ) -> Float[Tensor, "batch pos d_model"]:
@@ -357,6 +370,7 @@ __all__ = [
     "final_norm",
     "final_residual",
     "forward_kwargs",
+    "has_hooks",
     "has_lm_head",
     "head_output_hooks",
     "hook_name",

@@ -69,6 +69,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lens_attrib.backend import has_hooks
+
 # Storage order (logical dimensions, outermost first) of each re-laid parameter, by module kind.
 _MATRIX_T = (1, 0)
 _QKV_ORDER = (0, 2, 1)  # [head, d_model, d_head] stored as [head, d_head, d_model]
@@ -149,19 +151,6 @@ def _is_power_of_two(x: float) -> bool:
     return x > 0 and mantissa == 0.5
 
 
-def _hooked(point: nn.Module) -> bool:
-    """Whether any forward or backward hook (its own or a global one) is on ``point``."""
-    from torch.nn.modules import module as nn_module
-
-    return bool(
-        point._forward_hooks
-        or point._forward_pre_hooks
-        or point._backward_hooks
-        or nn_module._global_forward_hooks
-        or nn_module._global_backward_hooks
-    )
-
-
 class _SoftmaxZeroingNaN(torch.autograd.Function):
     """``softmax(x)`` over the last dimension with NaN rows set to 0, saving only its output.
 
@@ -224,7 +213,7 @@ def _lean_attention_forward(
         v = torch.repeat_interleave(v, dim=2, repeats=repeats)
     q_ = einops.rearrange(q, "batch pos head d_head -> batch head pos d_head")
     if additive_attention_mask is None and not (
-        _hooked(self.hook_attn_scores) or _hooked(self.hook_pattern)
+        has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
     ):
         return _fused_attention_output(self, q_, v, k, attention_mask)
     k_ = einops.rearrange(k, "batch pos head d_head -> batch head d_head pos")
@@ -241,7 +230,7 @@ def _lean_attention_forward(
     if additive_attention_mask is not None:
         scores = scores + additive_attention_mask
     scores = self.hook_attn_scores(scores)
-    if _hooked(self.hook_pattern):  # a hook may edit the pattern in place: keep it unsaved
+    if has_hooks(self.hook_pattern):  # a hook may edit the pattern in place: keep it unsaved
         pattern = torch.nan_to_num(F.softmax(scores, dim=-1), nan=0.0)
     else:
         pattern = softmax_zeroing_nan(scores)  # fully masked rows → 0, one tensor saved

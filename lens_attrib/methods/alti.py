@@ -57,7 +57,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.backend import final_norm, hook_name, unembedding
+from lens_attrib.backend import final_norm, has_hooks, hook_name, unembedding
 from lens_attrib.errors import ModelError
 from lens_attrib.forward import Forward, no_grad_context, run, target_rows
 from lens_attrib.inputs import Batch
@@ -293,8 +293,7 @@ def run_alti_forward(
 
 def user_hooked(model: Any, name: str) -> bool:
     """Whether the user has a forward hook on the hook point ``name`` (before ours are added)."""
-    point = model.hook_dict[name]
-    return bool(point.fwd_hooks) or bool(point._forward_hooks)
+    return has_hooks(model.hook_dict[name])
 
 
 def logit_direction(
