@@ -13,6 +13,7 @@ from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.methods import METHODS, MethodSpec, attribute
 from lens_attrib.models import load_model
 from lens_attrib.target import ResolvedTarget, Target
+from lens_attrib.verify import VerifyReport, verify
 
 __all__ = [
     "METHODS",
@@ -26,8 +27,10 @@ __all__ = [
     "ResolvedTarget",
     "Target",
     "TargetError",
+    "VerifyReport",
     "attribute",
     "load_classifier",
     "load_model",
     "to_batch",
+    "verify",
 ]
