@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from lens_attrib import Target, VerifyReport, verify
+from lens_attrib import ModelError, Target, TargetError, VerifyReport, verify
 from lens_attrib.heads import new_head
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.methods import METHODS
@@ -247,3 +247,15 @@ def test_verbose_prints_rows(capsys) -> None:
     verify(model, checks=["lrp_conservation"], verbose=True)
     out = capsys.readouterr().out
     assert "lrp_conservation (lrp): pass" in out and "model_unchanged" in out
+
+
+def test_a_wrong_target_or_nan_weights_are_errors_not_na_rows() -> None:
+    model = tiny_gpt2(dtype=F64)
+    with pytest.raises(TargetError):
+        verify(model, target=Target(token="the dog"))  # two tokens
+    with pytest.raises(TargetError, match="generate"):
+        verify(model, target=Target(generate=2))
+    with torch.no_grad():
+        model.blocks[1].attn.W_Q[0, 0, 0] = float("nan")
+    with pytest.raises(ModelError, match=r"blocks\.1\.attn\.W_Q"):
+        verify(model)
