@@ -67,7 +67,7 @@ from torch import Tensor, nn
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import arch_of, has_hooks
-from lens_attrib.errors import ModelError, TargetError
+from lens_attrib.errors import ModelError, OptionError, TargetError
 from lens_attrib.forward import no_grad_context, run
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
@@ -490,8 +490,21 @@ def check_float64(ctx: _Context, method: str) -> CheckRow:
 
 # ------------------------------------------------------------------------------- driver
 def check_weights_finite(model: Any) -> None:
-    """A model with NaN/inf weights cannot be verified: say which parameters hold them."""
-    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    """A model with NaN/inf weights cannot be verified: say which parameters hold them.
+
+    Heads that no attribution reads are skipped: an encoder's next-sentence head (``nsp_head``,
+    ``pooler``), and for an encoder loaded without its masked-LM head (MiniLM) the uninitialised
+    ``mlm_head``/``unembed`` parameters TransformerLens keeps.
+    """
+    arch = arch_of(model)
+    unused: tuple[str, ...] = ("nsp_head.", "pooler.") if arch.encoder else ()
+    if not arch.lm_head:
+        unused += ("mlm_head.", "unembed.")
+    bad = [
+        n
+        for n, p in model.named_parameters()
+        if not n.startswith(unused) and not bool(torch.isfinite(p).all())
+    ]
     if bad:
         raise ModelError(
             f"verify: the model's parameters {bad[:5]} hold NaN or inf values, so no attribution "
@@ -585,6 +598,10 @@ def verify(
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"verify: unknown checks {unknown}; choose from {list(CHECKS)}.")
+    for name, given in (options or {}).items():
+        if name not in METHODS:
+            raise OptionError(f"verify: options for unknown method {name!r}; {sorted(METHODS)}.")
+        METHODS[name].resolve_options(given)  # bad names and values are errors here
     started = time.perf_counter()
     before = model_state(model)
     arch = arch_of(model)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from lens_attrib import ModelError, Target, TargetError, VerifyReport, verify
+from lens_attrib import ModelError, OptionError, Target, TargetError, VerifyReport, verify
 from lens_attrib.heads import new_head
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.methods import METHODS
@@ -236,9 +236,14 @@ def test_sum_tolerance_follows_the_dtype() -> None:
     assert sum_tolerance(torch.bfloat16, 30, 576) == 0.05
 
 
-def test_bad_check_name_is_an_error() -> None:
+def test_bad_check_names_and_options_are_errors() -> None:
+    model = tiny_gpt2(dtype=F64)
     with pytest.raises(ValueError, match="unknown checks"):
-        verify(tiny_gpt2(dtype=F64), checks=["conservation"])
+        verify(model, checks=["conservation"])
+    with pytest.raises(OptionError, match="unknown method"):
+        verify(model, options={"ig": {"n_steps": 8}})
+    with pytest.raises(OptionError, match="n_step"):
+        verify(model, options={"integrated_gradients": {"n_step": 8}})
 
 
 def test_verbose_prints_rows(capsys) -> None:
@@ -259,3 +264,18 @@ def test_a_wrong_target_or_nan_weights_are_errors_not_na_rows() -> None:
         model.blocks[1].attn.W_Q[0, 0, 0] = float("nan")
     with pytest.raises(ModelError, match=r"blocks\.1\.attn\.W_Q"):
         verify(model)
+
+
+# ------------------------------------------------------------------ the bundled real models
+def test_smollm2_passes_the_fast_checks(smollm2) -> None:
+    fast = ["lrp_conservation", "alti_logit_decomposition", "batched_equals_single"]
+    report = verify(smollm2, checks=fast)
+    assert report.ok and all(r.status == "pass" for r in report.rows), str(report)
+
+
+def test_minilm_passes_every_check_with_a_probe_head(minilm) -> None:
+    report = verify(minilm)
+    assert report.ok, str(report)
+    assert "probe" in report.target
+    assert report.row("alti_logit_decomposition").status == "n/a"
+    assert report.row("lrp_conservation").status == "pass"
