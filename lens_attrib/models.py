@@ -25,8 +25,17 @@ checkpoint's value rounded once to that dtype (exact when widening: float64 Smol
 GGUF's dequantized float32 values). TransformerLens' ``load_and_process_state_dict`` is not used:
 it passes every tensor through float32 even with all processing off.
 
-Memory: a tied unembedding (``W_U = W_Eᵀ``, as in SmolLM2 and BERT) is stored once (``W_U`` is a
-transposed view of ``W_E``), and the identical per-layer rotary tables are one shared tensor.
+Tied embeddings: a checkpoint whose unembedding is tied to its embedding (``W_U = W_Eᵀ``, as in
+SmolLM2 and BERT's MLM head) gets two independent parameters holding equal values, exactly as a
+plain TransformerLens model built from the same checkpoint has. So every TransformerLens operation
+(``process_weights_``/``fold_layer_norm``, which write ``W_U`` and ``W_E`` separately; an optimizer
+step; ``load_state_dict``; ``to``/``half``; an in-place edit of ``W_E``) gives the result it gives
+on that plain model. This costs ``d_vocab × d_model`` numbers (108 MiB for float32 SmolLM2, 54 MiB
+in bfloat16) over storing ``W_U`` as a view of ``W_E``, which silently corrupted the model under
+each of those operations (``fold_ln`` moved its logits by up to 19.7).
+
+No tensor of a loaded model shares memory with another, as in plain TransformerLens.
+:func:`share_equal_rotary_tables` (opt-in) makes the per-layer rotary tables one buffer.
 """
 
 from __future__ import annotations
@@ -117,12 +126,12 @@ def load_model(
     return_freed_memory()
     if device.type != "cpu":
         model.to(str(device), print_details=False)
-        share_tied_unembedding(model)  # moving copies each parameter: share again
-        share_equal_rotary_tables(model)
     model.cfg.device = str(device)
     model.eval()
     # weights stored in the layout the forward's kernels read: no per-forward copies (fastpath)
-    return enable_fast_forward(model)
+    enable_fast_forward(model)
+    return_freed_memory()  # the pre-fast-path copies of the re-laid weights
+    return model
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -225,38 +234,26 @@ def return_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
-def _token_embedding(model: Any) -> torch.nn.Parameter:
-    embed = model.embed
-    return getattr(embed, "embed", embed).W_E  # type: ignore[no-any-return]
-
-
-def share_tied_unembedding(model: Any) -> bool:
-    """Store a tied unembedding once: ``W_U`` becomes a transposed view of ``W_E`` when equal.
-
-    Values (and so outputs) are unchanged; this saves ``d_vocab × d_model`` numbers (113 MB for
-    float32 SmolLM2). Returns whether the two are shared.
-    """
-    if not hasattr(model, "unembed"):
-        return False
-    w_e, w_u = _token_embedding(model), model.unembed.W_U
-    if w_u.shape != w_e.T.shape or w_u.dtype != w_e.dtype or w_u.device != w_e.device:
-        return False
-    if w_u.data_ptr() == w_e.data_ptr():
-        return True
-    if not torch.equal(w_u, w_e.T):
-        return False
-    model.unembed.W_U = torch.nn.Parameter(w_e.detach().T, requires_grad=w_u.requires_grad)
-    return True
+ROTARY_TABLES = ("rotary_sin", "rotary_cos")
 
 
 def share_equal_rotary_tables(model: Any) -> int:
-    """Make identical per-layer rotary sin/cos buffers one tensor; returns how many were shared.
+    """Opt-in: make identical per-layer rotary sin/cos buffers one tensor; returns how many were
+    shared.
 
-    TransformerLens builds the same table in every layer (30 × 2 × 2048 × 64 numbers for
-    SmolLM2). A layer that later needs a longer table replaces its own buffer, so sharing never
-    changes a value.
+    TransformerLens builds the same tables in every layer from the config alone (SmolLM2: 30 × 2 ×
+    2048 × 64 numbers, 29 MiB of float32 of which this frees 28). ``load_model`` does not call it.
+    Under TransformerLens' operations the model still computes what a plain one does: no
+    operation writes a rotary table in place except ``load_state_dict`` (``process_weights_``
+    reloads the values it read), and before a load would write a value that differs from the
+    shared one into a layer, a load hook registered here gives that layer its own copy
+    (:func:`_own_rotary_tables_before_load`); ``to``/``half`` convert each layer's table
+    separately (equal values, no longer shared); a layer that later needs a longer table replaces
+    its own buffer; ``load_state_dict(assign=True)`` gives each layer the loaded tensor. What a
+    plain model does differently: an in-place write into one layer's table (``rotary_sin[...] =``)
+    reaches every layer that shares it.
     """
-    seen: dict[str, list[torch.Tensor]] = {"rotary_sin": [], "rotary_cos": []}
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in ROTARY_TABLES}
     shared = 0
     for block in getattr(model, "blocks", []):
         attn = block.attn
@@ -270,7 +267,26 @@ def share_equal_rotary_tables(model: Any) -> int:
             elif same is not table:
                 setattr(attn, name, same)
                 shared += 1
+        if not getattr(attn, "_lens_attrib_owns_tables_on_load", False):
+            attn.register_load_state_dict_pre_hook(_own_rotary_tables_before_load)
+            attn._lens_attrib_owns_tables_on_load = True
     return shared
+
+
+def _own_rotary_tables_before_load(
+    module: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str, *_: Any
+) -> None:
+    """Before ``load_state_dict`` writes a rotary table that differs from this layer's (possibly
+    shared) one, give the layer its own copy, so that the load changes this layer only."""
+    for name in ROTARY_TABLES:
+        incoming, current = state_dict.get(prefix + name), module._buffers.get(name)
+        if not isinstance(incoming, torch.Tensor) or current is None:
+            continue
+        same = incoming.shape == current.shape and torch.equal(
+            incoming.to(device=current.device, dtype=current.dtype), current
+        )
+        if not same:
+            module._buffers[name] = current.clone()
 
 
 def buffers_in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -303,8 +319,6 @@ def build_decoder(cfg: Any, state_dict: Mapping[str, torch.Tensor], tokenizer: A
         )
     load_weights_exactly(model, state_dict)
     buffers_in_dtype(model, cfg.dtype)
-    share_tied_unembedding(model)
-    share_equal_rotary_tables(model)
     return model
 
 
@@ -535,9 +549,7 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
         )
     load_weights_exactly(model, state_dict, absent_heads=absent)
     buffers_in_dtype(model, dtype)
-    if with_mlm:
-        share_tied_unembedding(model)
-    else:
+    if not with_mlm:
         setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
     return model
 

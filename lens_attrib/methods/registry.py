@@ -338,10 +338,63 @@ def _weights_version(model: Any) -> tuple[tuple[int, int], ...]:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+def processing_effect(phrase: str, normalization: str | None) -> str:
+    """What one TransformerLens 3.9 processing step (a phrase of ``processing_signatures``)
+    changes, for a model whose norms are now ``normalization`` (``"LNPre"``, ``"RMSPre"``, ...).
+
+    Checked against TransformerLens' ``ProcessWeights`` and in ``tests/test_tl_operations.py``.
+    """
+    layer_norm = normalization in ("LN", "LNPre")
+    step = phrase.split(" ", 1)[0]
+    if step == "fold_ln" and layer_norm:
+        return (
+            "fold_ln folded each LayerNorm's scale and bias into the weights and biases that read "
+            "it and centred those weights over d_model (LayerNormPre now only centres and "
+            "scales): outputs equal the unprocessed model's in exact arithmetic only, and the "
+            "normalised vectors and reading weights are not the checkpoint's."
+        )
+    if step == "fold_ln":
+        return (
+            "fold_ln folded each RMSNorm's scale into the weights that read it (RMSNormPre now "
+            "only scales): outputs equal the unprocessed model's in exact arithmetic only, and "
+            "the normalised vectors and reading weights are not the checkpoint's."
+        )
+    if step == "center_writing_weights" and layer_norm:
+        return (
+            "center_writing_weights centred W_E, W_pos, W_O, W_out and their biases over d_model, "
+            "moving every residual vector along the all-ones direction, which each LayerNorm "
+            "removes: outputs are unchanged in exact arithmetic, residual vectors, embeddings and "
+            "their norms are not."
+        )
+    if step == "center_writing_weights":
+        return (
+            "the embedding is centred over d_model although the model's norms do not remove the "
+            "mean (TransformerLens never centres an RMSNorm model's writing weights): its outputs "
+            "may differ from the checkpoint's."
+        )
+    if step == "center_unembed":
+        return (
+            "center_unembed centred W_U and b_U over the vocabulary, moving every logit at a "
+            "position by the same amount: probabilities and logit differences (a Target with a "
+            "foil) are unchanged in exact arithmetic, raw logits are not, so every method that "
+            "explains a single logit (no foil), gradient methods included, explains a different "
+            "number."
+        )
+    if step == "fold_value_biases":
+        return (
+            "fold_value_biases moved the value biases into b_O: each layer's attention output is "
+            "unchanged in exact arithmetic (attention rows sum to 1), each head's output is not."
+        )
+    return f"{phrase}."
+
+
 def warn_if_processed(model: Any, arch: Arch) -> None:
     """Warn once per model when its weights were processed by TransformerLens.
 
-    The weights are read once per weight version, not on every call.
+    The warning says what each detected step changes (:func:`processing_effect`) and that
+    TransformerLens 3.9 processes in float32 (``ProcessWeights.process_weights`` casts every
+    floating tensor that is not float32 to float32 and back). The weights are read once per
+    weight version, not on every call.
     """
     if model in _WARNED_PROCESSED:
         return
@@ -354,10 +407,14 @@ def warn_if_processed(model: Any, arch: Arch) -> None:
         return
     _WARNED_PROCESSED.add(model)
     affected = sorted(n for n, s in METHODS.items() if s.parametrization)
+    effects = " ".join(processing_effect(phrase, arch.normalization) for phrase in found)
     warnings.warn(
-        f"This model's weights were processed by TransformerLens: {'; '.join(found)}. The "
-        f"outputs are unchanged, but {affected} read norms, biases and embeddings whose meaning "
-        "the processing changed (their scores differ by 5–60%). Load it without processing: "
+        f"This model's weights were processed by TransformerLens: {'; '.join(found)}. {effects} "
+        "TransformerLens 3.9 processes every weight in float32: a float64 model's weights (and "
+        "rotary tables) are rounded to float32 precision, a bfloat16/float16 model's folded "
+        f"weights are rounded back to its dtype. The methods {affected} read norms, residual "
+        "vectors, embeddings, biases or per-head outputs, which the steps above change, so their "
+        "scores can change beyond that rounding. Load it without processing: "
         "lens_attrib.load_model(...), or HookedTransformer.from_pretrained_no_processing(...).",
         UserWarning,
         stacklevel=4,
