@@ -7,6 +7,7 @@ attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
 """
 
 from lens_attrib.attribution import Attribution
+from lens_attrib.attribution_io import load_attributions, save_attributions
 from lens_attrib.classifiers import Classifier, load_classifier
 from lens_attrib.errors import InputError, ModelError, OptionError, TargetError
 from lens_attrib.inputs import Batch, to_batch
@@ -29,8 +30,10 @@ __all__ = [
     "TargetError",
     "VerifyReport",
     "attribute",
+    "load_attributions",
     "load_classifier",
     "load_model",
+    "save_attributions",
     "to_batch",
     "verify",
 ]
