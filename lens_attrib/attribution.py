@@ -210,14 +210,14 @@ class Attribution:
         """
         from lens_attrib.attribution_io import save_attribution
 
-        return save_attribution(self, path)
+        return save_attribution(self, path, Attribution)
 
     @classmethod
     def load(cls, path: str | Path) -> Attribution:
         """Read a file written by :meth:`save`: every field bit-identical, tensors on the CPU."""
         from lens_attrib.attribution_io import load_attribution
 
-        loaded: Attribution = load_attribution(path)
+        loaded: Attribution = load_attribution(path, cls)
         return loaded
 
     def to_pandas(self, what: str = "scores") -> Any:
@@ -244,3 +244,27 @@ class Attribution:
         from lens_attrib.aggregate import to_spans
 
         return to_spans(self, spans, reduce, **kwargs)
+
+
+def save_attributions(
+    collection: list[Attribution] | tuple[Attribution, ...] | dict[str, Attribution],
+    path: str | Path,
+) -> Path:
+    """Write a sweep's list or dict (string keys) of Attributions to one ``.safetensors`` file.
+
+    Same format as :meth:`Attribution.save` (:mod:`lens_attrib.attribution_io`); each item's
+    tensors are named ``{index or key}/{field}``.
+    """
+    from lens_attrib import attribution_io
+
+    return attribution_io.save_attributions(collection, path, Attribution)
+
+
+def load_attributions(path: str | Path) -> list[Attribution] | dict[str, Attribution]:
+    """Read a file of :func:`save_attributions`: the same container, order and keys."""
+    from lens_attrib import attribution_io
+
+    loaded: list[Attribution] | dict[str, Attribution] = attribution_io.load_attributions(
+        path, Attribution
+    )
+    return loaded

@@ -26,6 +26,10 @@ Attribution is complete without the head or the model.
 
 A collection (a sweep's outputs) is a list or a dict of Attributions (dict keys: strings) in one
 file, read back as the same container type with the same order and keys.
+
+This module does not import :mod:`lens_attrib.attribution` (which delegates here): the
+Attribution class is passed in as ``cls``; users call ``Attribution.save`` / ``Attribution.load``
+and ``lens_attrib.save_attributions`` / ``load_attributions``.
 """
 
 from __future__ import annotations
@@ -151,10 +155,10 @@ def _decode(value: Any, tensors: Mapping[str, Tensor]) -> Any:
     return {k: _decode(v, tensors) for k, v in value.items()}
 
 
-def _encode_attribution(encoder: _Encoder, attribution: Any, prefix: str) -> dict[str, Any]:
-    from lens_attrib.attribution import Attribution
-
-    if not isinstance(attribution, Attribution):
+def _encode_attribution(
+    encoder: _Encoder, attribution: Any, prefix: str, cls: type
+) -> dict[str, Any]:
+    if not isinstance(attribution, cls):
         where = prefix.rstrip("/") or "the value"
         raise AttributionFileError(
             f"{where} is a {type(attribution).__name__}, not an Attribution; a collection is a "
@@ -162,21 +166,19 @@ def _encode_attribution(encoder: _Encoder, attribution: Any, prefix: str) -> dic
         )
     return {
         f.name: encoder.encode(getattr(attribution, f.name), f"{prefix}{f.name}")
-        for f in dataclasses.fields(attribution)
+        for f in dataclasses.fields(cls)
     }
 
 
-def _decode_attribution(record: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Any:
-    from lens_attrib.attribution import Attribution
-
-    known = {f.name for f in dataclasses.fields(Attribution)}
+def _decode_attribution(record: Mapping[str, Any], tensors: Mapping[str, Tensor], cls: type) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(record) - known)
     if unknown:
         raise AttributionFileError(
             f"The file holds Attribution fields {unknown} that this lens_attrib does not know: "
             "it was written by a newer version; upgrade lens_attrib to read it."
         )
-    return Attribution(**{k: _decode(v, tensors) for k, v in record.items()})
+    return cls(**{k: _decode(v, tensors) for k, v in record.items()})
 
 
 # ------------------------------------------------------------------------------------ public API
@@ -241,25 +243,27 @@ def _read(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return header, tensors
 
 
-def save_attribution(attribution: Any, path: str | Path) -> Path:
-    """Write one Attribution to ``path`` (a ``.safetensors`` file; module docstring: layout)."""
+def save_attribution(attribution: Any, path: str | Path, cls: type) -> Path:
+    """Write one Attribution (an instance of the dataclass ``cls``) to ``path`` (a
+    ``.safetensors`` file; module docstring: layout)."""
     encoder = _Encoder()
-    content = _encode_attribution(encoder, attribution, "")
+    content = _encode_attribution(encoder, attribution, "", cls)
     return _write(path, "attribution", content, encoder)
 
 
-def load_attribution(path: str | Path) -> Any:
-    """Read an Attribution written by :func:`save_attribution` (no model needed, CPU tensors)."""
+def load_attribution(path: str | Path, cls: type) -> Any:
+    """Read an Attribution (built as ``cls``) written by :func:`save_attribution` (no model
+    needed, CPU tensors)."""
     header, tensors = _read(path)
     if header["kind"] != "attribution":
         raise AttributionFileError(
             f"{str(path)!r} holds a collection of Attributions ({header['kind']}): read it with "
             "lens_attrib.load_attributions."
         )
-    return _decode_attribution(header["content"], tensors)
+    return _decode_attribution(header["content"], tensors, cls)
 
 
-def save_attributions(collection: Any, path: str | Path) -> Path:
+def save_attributions(collection: Any, path: str | Path, cls: type) -> Path:
     """Write a list or a dict (string keys) of Attributions to one ``.safetensors`` file.
 
     Each item's tensors are named ``{index or key}/{field}``; :func:`load_attributions` returns
@@ -274,12 +278,16 @@ def save_attributions(collection: Any, path: str | Path) -> Path:
             )
         content: Any = {
             "type": "dict",
-            "items": [[k, _encode_attribution(encoder, a, f"{k}/")] for k, a in collection.items()],
+            "items": [
+                [k, _encode_attribution(encoder, a, f"{k}/", cls)] for k, a in collection.items()
+            ],
         }
     elif isinstance(collection, list | tuple):
         content = {
             "type": "list",
-            "items": [_encode_attribution(encoder, a, f"{i}/") for i, a in enumerate(collection)],
+            "items": [
+                _encode_attribution(encoder, a, f"{i}/", cls) for i, a in enumerate(collection)
+            ],
         }
     else:
         raise AttributionFileError(
@@ -289,7 +297,7 @@ def save_attributions(collection: Any, path: str | Path) -> Path:
     return _write(path, "collection", content, encoder)
 
 
-def load_attributions(path: str | Path) -> list[Any] | dict[str, Any]:
+def load_attributions(path: str | Path, cls: type) -> list[Any] | dict[str, Any]:
     """Read a collection written by :func:`save_attributions` (a list or a dict, as saved)."""
     header, tensors = _read(path)
     if header["kind"] != "collection":
@@ -298,8 +306,8 @@ def load_attributions(path: str | Path) -> list[Any] | dict[str, Any]:
         )
     content = header["content"]
     if content["type"] == "dict":
-        return {k: _decode_attribution(rec, tensors) for k, rec in content["items"]}
-    return [_decode_attribution(rec, tensors) for rec in content["items"]]
+        return {k: _decode_attribution(rec, tensors, cls) for k, rec in content["items"]}
+    return [_decode_attribution(rec, tensors, cls) for rec in content["items"]]
 
 
 __all__ = [
