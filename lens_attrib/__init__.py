@@ -6,7 +6,7 @@ attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
                  method="grad_x_input")
 """
 
-from lens_attrib.attribution import Attribution
+from lens_attrib.attribution import Attribution, load_attributions, save_attributions
 from lens_attrib.classifiers import Classifier, load_classifier
 from lens_attrib.errors import InputError, ModelError, OptionError, TargetError
 from lens_attrib.inputs import Batch, to_batch
@@ -29,8 +29,10 @@ __all__ = [
     "TargetError",
     "VerifyReport",
     "attribute",
+    "load_attributions",
     "load_classifier",
     "load_model",
+    "save_attributions",
     "to_batch",
     "verify",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -194,3 +195,76 @@ class Attribution:
         if layers or (layers is None and self.layer_scores is not None):
             return plot.layer_heatmap(self, item=item, **kwargs)
         return plot.token_heatmap(self, item=item, **kwargs)
+
+    def plot_heads(self, item: int = 0, **kwargs: Any) -> Any:
+        """Plotly figure: layer × head heatmap of ``head_scores`` (:func:`plot.head_heatmap`)."""
+        from lens_attrib import plot
+
+        return plot.head_heatmap(self, item=item, **kwargs)
+
+    # ------------------------------------------------------------- files, tables, words
+    def save(self, path: str | Path) -> Path:
+        """Write to one ``.safetensors`` file (tensors) with a JSON header (everything else).
+
+        No pickle; :meth:`load` needs no model. Format: :mod:`lens_attrib.attribution_io`.
+        """
+        from lens_attrib.attribution_io import save_attribution
+
+        return save_attribution(self, path, Attribution)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Attribution:
+        """Read a file written by :meth:`save`: every field bit-identical, tensors on the CPU."""
+        from lens_attrib.attribution_io import load_attribution
+
+        loaded: Attribution = load_attribution(path, cls)
+        return loaded
+
+    def to_pandas(self, what: str = "scores") -> Any:
+        """Tidy ``pandas.DataFrame``, one row per real token (padding excluded).
+
+        ``what``: ``"scores"`` (columns item, [step], position, token, token_id, target, score),
+        ``"layer_scores"`` (+ layer), ``"head_scores"`` (item, [step], layer, head, target,
+        score) or ``"head_token_scores"`` (+ layer, head). ``step`` appears for
+        ``Target(generate=N)`` results, whose rows are the steps of one prompt (item 0).
+        See :func:`lens_attrib.tidy.to_pandas`.
+        """
+        from lens_attrib.tidy import to_pandas
+
+        return to_pandas(self, what)
+
+    def to_words(self, reduce: str = "sum", **kwargs: Any) -> Attribution:
+        """Scores aggregated from subword tokens to words (:func:`aggregate.to_words`)."""
+        from lens_attrib.aggregate import to_words
+
+        return to_words(self, reduce, **kwargs)
+
+    def to_spans(self, spans: Any, reduce: str = "sum", **kwargs: Any) -> Attribution:
+        """Scores aggregated to character spans (:func:`lens_attrib.aggregate.to_spans`)."""
+        from lens_attrib.aggregate import to_spans
+
+        return to_spans(self, spans, reduce, **kwargs)
+
+
+def save_attributions(
+    collection: list[Attribution] | tuple[Attribution, ...] | dict[str, Attribution],
+    path: str | Path,
+) -> Path:
+    """Write a sweep's list or dict (string keys) of Attributions to one ``.safetensors`` file.
+
+    Same format as :meth:`Attribution.save` (:mod:`lens_attrib.attribution_io`); each item's
+    tensors are named ``{index or key}/{field}``.
+    """
+    from lens_attrib import attribution_io
+
+    return attribution_io.save_attributions(collection, path, Attribution)
+
+
+def load_attributions(path: str | Path) -> list[Attribution] | dict[str, Attribution]:
+    """Read a file of :func:`save_attributions`: the same container, order and keys."""
+    from lens_attrib import attribution_io
+
+    loaded: list[Attribution] | dict[str, Attribution] = attribution_io.load_attributions(
+        path, Attribution
+    )
+    return loaded

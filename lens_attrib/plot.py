@@ -388,3 +388,41 @@ def pruning_curve(
         height=500,
     )
     return fig
+
+
+# --------------------------------------------------------------------------- per-head relevances
+def head_heatmap(attribution: Attribution, item: int = 0, title: str | None = None) -> go.Figure:
+    """Layer × head heatmap of ``head_scores[item]`` (signed, diverging colours, zero = white).
+
+    Rows are layers (the real layer numbers), columns heads; methods fill ``head_scores`` with
+    ``heads=True`` (LRP/AttnLRP, gradients) or always (ALTI-Logit).
+    """
+    if attribution.head_scores is None:
+        raise ValueError(
+            f"This {attribution.method!r} Attribution has no head_scores: run a method with "
+            "per-head relevances (e.g. attnlrp or grad_x_input with heads=True, or alti_logit)."
+        )
+    if not -len(attribution) <= item < len(attribution):
+        raise IndexError(f"item {item} is outside this Attribution of {len(attribution)} items.")
+    z = attribution.head_scores[item].detach().cpu().double().numpy()
+    n_layers, n_heads = z.shape
+    vmax = _symmetric_range(z)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"head {h}" for h in range(n_heads)],
+            y=[f"layer {layer}" for layer in range(n_layers)],
+            zmin=-vmax,
+            zmax=vmax,
+            zmid=0.0,
+            colorscale="RdBu_r",
+            colorbar={"title": {"text": "relevance"}},
+            hovertemplate="%{y} %{x}<br>relevance %{z:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title or _explained_title(f"{attribution.method} per head → ", attribution, item),
+        height=max(300, 18 * n_layers + 140),
+        yaxis={"autorange": "reversed"},
+    )
+    return fig
