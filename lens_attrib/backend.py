@@ -212,10 +212,16 @@ def pattern_hooks(arch: Arch) -> list[str]:
 
 
 # --------------------------------------------------------------------------- raw forwards
-def forward_kwargs(arch: Arch, mask: Tensor, padded: bool) -> dict[str, Tensor]:
-    """Keyword arguments for the model's forward (the attention mask, when needed)."""
+def forward_kwargs(
+    arch: Arch, mask: Tensor, padded: bool, token_types: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Keyword arguments for the model's forward (the attention mask, when needed, and the
+    encoder's segment ids ``token_type_ids`` when given)."""
     if arch.encoder:
-        return {"one_zero_attention_mask": mask.long()}
+        kwargs = {"one_zero_attention_mask": mask.long()}
+        if token_types is not None:
+            kwargs["token_type_ids"] = token_types
+        return kwargs
     return {"attention_mask": mask.long()} if padded else {}
 
 
@@ -233,21 +239,35 @@ def has_hooks(point: nn.Module) -> bool:
 
 
 def final_residual(
-    model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool
+    model: Any,
+    arch: Arch,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
 ) -> Float[Tensor, "batch pos d_model"]:
-    """The residual stream after the last block (before the head), one forward pass."""
+    """The residual stream after the last block (before the head), one forward pass.
+
+    ``token_types``: an encoder's segment ids (``None``: segment 0 everywhere)."""
     if arch.encoder:
-        return cast(Tensor, model.encoder_output(tokens, None, mask.long()))
+        return cast(Tensor, model.encoder_output(tokens, token_types, mask.long()))
     return cast(
         Tensor,
         model(tokens, stop_at_layer=arch.n_layers, **forward_kwargs(arch, mask, padded)),
     )
 
 
-def embedding_forward(model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool) -> None:
-    """Run only the embedding (hooks on it fire)."""
+def embedding_forward(
+    model: Any,
+    arch: Arch,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
+) -> None:
+    """Run only the embedding (hooks on it fire; ``token_types``: an encoder's segment ids)."""
     if arch.encoder:
-        model.hook_full_embed(model.embed(tokens))
+        model.hook_full_embed(model.embed(tokens, token_types))
     else:
         model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
 

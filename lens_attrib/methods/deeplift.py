@@ -134,7 +134,9 @@ def baselines_of(
     """The baseline of every embedding component (one embedding-only forward for the inputs)."""
     embeds: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[(n, _capture(embeds)) for n in names]):
-        embedding_forward(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+        embedding_forward(
+            model, batch.arch, batch.tokens, batch.mask, batch.padded, batch.token_types
+        )
     xs = [embeds[n] for n in names]
     keep = {"special": batch.special, True: sink_positions(batch), False: None}[keep_sink]
     return embedding_baselines(model, batch.arch, names, xs, baseline, keep)

@@ -216,6 +216,7 @@ def prepare(
     *,
     attention_mask: Any = None,
     prepend_bos: bool | None = None,
+    token_type_ids: Any = None,
 ) -> tuple[Batch, Target]:
     """Batch the inputs and default the target (generation becomes one row per step)."""
     if target is not None and not isinstance(target, Target):
@@ -224,7 +225,13 @@ def prepare(
             f"write Target({target!r}) for a token, and pass the method by name "
             "(method='...')."
         )
-    batch = to_batch(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
+    batch = to_batch(
+        model,
+        inputs,
+        prepend_bos=prepend_bos,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+    )
     target = target or Target()
     if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
         from lens_attrib.methods.generation import generation_batch
@@ -326,6 +333,7 @@ def package(
         head_token_scores=cpu(head_token_scores),
         parts={k: v.detach().cpu() for k, v in out.parts.items()},
         meta=meta,
+        token_types=cpu(batch.token_types),
     )
 
 
@@ -371,6 +379,7 @@ def run_method(
     target: Target | None = None,
     *,
     attention_mask: Any = None,
+    token_type_ids: Any = None,
     **options: Any,
 ) -> Attribution:
     """Validate, prepare, guard, run ``spec.core``, check and package (module docstring)."""
@@ -380,7 +389,9 @@ def run_method(
     if spec.parametrization:
         warn_if_processed(model, arch)
     started = time.perf_counter()
-    batch, target = prepare(model, inputs, target, attention_mask=attention_mask)
+    batch, target = prepare(
+        model, inputs, target, attention_mask=attention_mask, token_type_ids=token_type_ids
+    )
     context = grad_context if spec.uses_gradient else no_grad_context
     try:
         with context(model):
@@ -419,18 +430,28 @@ def attribute(
     method: str = "grad_x_input",
     *,
     attention_mask: Any = None,
+    token_type_ids: Any = None,
     **options: Any,
 ) -> Attribution:
     """Explain ``target`` for ``inputs`` with the registered ``method``.
 
     ``inputs``: a prompt, a list of prompts, token ids (tensor, array or lists, with an optional
-    ``attention_mask``), or a tokenizer output; ``target``: a :class:`Target` (default: the
-    model's prediction at the last real token). Options go to the method (see ``METHODS[name]``).
+    ``attention_mask``), or a tokenizer output; for encoders also a sentence pair
+    ``(first, second)`` or a list of pairs. ``token_type_ids``: an encoder's segment ids in the
+    layout of the ids (a ``BatchEncoding``'s own are used when not given); ``target``: a
+    :class:`Target` (default: the model's prediction at the last real token). Options go to the
+    method (see ``METHODS[name]``).
     """
     if not isinstance(method, str) or method not in METHODS:
         raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
     return run_method(
-        METHODS[method], model, inputs, target, attention_mask=attention_mask, **options
+        METHODS[method],
+        model,
+        inputs,
+        target,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        **options,
     )
 
 
