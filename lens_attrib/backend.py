@@ -61,6 +61,7 @@ class Arch:
     dtype: torch.dtype
     n_ctx: int
     d_mlp: int = 0
+    class_head: bool = False
 
     @property
     def causal(self) -> bool:
@@ -125,6 +126,7 @@ def arch_of(model: Any) -> Arch:
         dtype=dtype,
         n_ctx=int(cfg.n_ctx),
         d_mlp=int(cfg.d_mlp or 0),
+        class_head=attached_head(model) is not None,
     )
 
 
@@ -296,6 +298,22 @@ def lm_head(model: Any, arch: Arch) -> Head:
     return decoder_head
 
 
+CLASS_HEAD = "lens_attrib_class_head"
+"""Attribute (a registered submodule) holding the sequence-classification head a loaded
+``*ForSequenceClassification`` checkpoint came with (:mod:`lens_attrib.heads`)."""
+
+
+def attached_head(model: Any) -> Head | None:
+    """The model's own classification/regression head, if it was loaded with one."""
+    return cast("Head | None", getattr(model, CLASS_HEAD, None))
+
+
+def default_head(model: Any, arch: Arch) -> Head:
+    """The head explained by default: the model's own class head, else its LM head."""
+    head = attached_head(model)
+    return head if head is not None else lm_head(model, arch)
+
+
 def pre_unembed(model: Any, arch: Arch) -> Head:
     """The part of the LM head before ``unembed`` (``ln_final`` or the MLM head's transform)."""
     if arch.encoder:
@@ -377,13 +395,16 @@ def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instea
 
 
 __all__ = [
+    "CLASS_HEAD",
     "EMBEDDINGS",
     "Arch",
     "Head",
     "arch_of",
+    "attached_head",
     "attn_hook",
     "block",
     "check_applies_to",
+    "default_head",
     "embedded_input_hooks",
     "embedding_forward",
     "embedding_hooks",

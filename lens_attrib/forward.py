@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lens_attrib.backend import Arch, Head, arch_of, final_residual, lm_head
+from lens_attrib.backend import Arch, Head, arch_of, default_head, final_residual
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import Batch
@@ -58,7 +58,7 @@ def resid_of(model: Any, batch: Batch) -> Float[Tensor, "batch pos d_model"]:
 
 def has_head(arch: Arch, target: Target) -> bool:
     """Whether an explained scalar exists (a head on top, or the target names one)."""
-    return target.head is not None or not arch.encoder or arch.lm_head
+    return target.head is not None or not arch.encoder or arch.lm_head or arch.class_head
 
 
 def _capture_hook(store: dict[str, Tensor], name: str) -> HookFn:
@@ -156,7 +156,7 @@ def head_outputs(
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     arch = arch_of(model)
-    head = head or lm_head(model, arch)
+    head = head or default_head(model, arch)
     device = model.cfg.device
     outs: list[Tensor] = []
     with model_guard(model), torch.inference_mode():

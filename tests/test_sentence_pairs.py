@@ -118,8 +118,12 @@ def test_every_input_form_gives_the_same_segments(bert, method):
         run(bert, PAIRS, method),
         run(bert, enc, method),
         run(bert, ids, method, attention_mask=mask, token_type_ids=types),
-        run(bert, [r[m.bool()].tolist() for r, m in zip(ids, mask)], method,
-            token_type_ids=[t[m.bool()].tolist() for t, m in zip(types, mask)]),
+        run(
+            bert,
+            [r[m.bool()].tolist() for r, m in zip(ids, mask)],
+            method,
+            token_type_ids=[t[m.bool()].tolist() for t, m in zip(types, mask)],
+        ),
     ]
     for other in forms[1:]:
         assert torch.equal(other.token_types, forms[0].token_types)

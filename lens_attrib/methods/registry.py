@@ -36,6 +36,7 @@ from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
 from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import grad_context, no_grad_context
+from lens_attrib.heads import with_model_head
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.target import ResolvedTarget, Target
 
@@ -232,7 +233,7 @@ def prepare(
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
     )
-    target = target or Target()
+    target = with_model_head(model, target or Target())
     if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
         from lens_attrib.methods.generation import generation_batch
 
