@@ -569,6 +569,7 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
     load_weights_exactly(model, state_dict, absent_heads=absent)
     buffers_in_dtype(model, dtype)
     if with_mlm:
+        setattr(model.mlm_head, "act_fn", mlm_activation(hf_config))  # noqa: B010  (typed as GELU)
         share_tied_unembedding(model)
     else:
         setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
