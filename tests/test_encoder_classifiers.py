@@ -297,3 +297,51 @@ def test_default_target_is_the_prediction_of_the_models_head(saved):
     assert attr.meta["target_tokens"] is None or attr.meta["target_tokens"][0] in LABELS.values()
     with pytest.raises(Exception, match="labels"):
         attribute(model, PAIRS[0], Target(label="neutral"), method="grad_x_input")
+
+
+def _hf_head_on_every_row(hf: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """transformers' own head (pooler dense + tanh + classifier, or RoBERTa's classifier)
+    applied to every position's representation, not only [CLS]: ``[batch, pos, n_out]``."""
+    if hasattr(hf, "bert"):
+        return hf.classifier(torch.tanh(hf.bert.pooler.dense(hidden)))
+    head = hf.classifier
+    return head.out_proj(torch.tanh(head.dense(hidden)))
+
+
+@pytest.mark.parametrize("name", ["bert-stsb", "roberta-stsb", "bert-gelu"])
+def test_logat_and_normxlogit_through_the_loaded_head(saved, name):
+    """LogAt (eq. 2/3 of the NormXLogit paper) through the model's own head at every layer:
+    classification ``HoT(x_i^l)[ŷ]``; regression ``|HoT(x_i^l) − HoT([CLS]^l)|``; NormXLogit
+    multiplies by ‖x⁰_i‖ (the embedding output). Oracle: transformers' hidden states."""
+    model = load_model(str(saved[name]), dtype=F64)
+    hf = reference(saved[name])
+    pair = name.startswith("bert")
+    inputs = PAIRS[0] if pair else TEXTS[0]
+    regression = name.endswith("stsb")
+    logat = attribute(model, inputs, method="logat")
+    normx = attribute(model, inputs, method="normxlogit")
+    enc = model.tokenizer(
+        *([*inputs] if pair else [inputs]), return_tensors="pt", return_token_type_ids=pair
+    )
+    out = hf(**enc, output_hidden_states=True)
+    per_layer = torch.stack(
+        [_hf_head_on_every_row(hf, h[0]) for h in out.hidden_states[1:]]
+    )  # [layer, pos, n_out]
+    if regression:
+        assert logat.target.regression
+        expected = (per_layer[..., 0] - per_layer[:, :1, 0]).abs()
+    else:
+        label = int(out.logits[0].argmax())
+        assert int(logat.target.token_ids[0]) == label
+        expected = per_layer[..., label]
+    assert int(logat.target.positions[0]) == 0  # read at [CLS]
+    tol = EXACT * float(expected.abs().max())
+    assert float((logat.layer_scores[0] - expected).abs().max()) <= tol
+    assert torch.equal(logat.scores[0], logat.layer_scores[0, -1])
+    norms = out.hidden_states[0][0].norm(dim=-1)
+    expected_x = expected * norms
+    assert float((normx.layer_scores[0] - expected_x).abs().max()) <= EXACT * float(
+        expected_x.abs().max()
+    )
+    if regression:  # [CLS] is the prediction itself: distance 0 at every layer
+        assert bool((logat.layer_scores[0, :, 0] == 0).all())
