@@ -489,17 +489,27 @@ def head_layers(head: Any) -> list[nn.Module]:
 
 
 def through_head(
-    vectors: Float[Tensor, "src d_model"], modules: list[nn.Module], rule: BiasRule
+    vectors: Float[Tensor, "src d_model"],
+    modules: list[nn.Module],
+    rule: BiasRule,
+    real: Float[Tensor, "d_model"] | None = None,
 ) -> Float[Tensor, "src n_out"]:
-    """Push one row's decomposition through the head (linears exact, activations by ZO)."""
+    """Push one row's decomposition through the head (linears exact, activations by ZO).
+
+    ``real``: the row itself (the final residual at the explained position); each activation's
+    slope is then taken at the real pre-activation, as the authors' code does (with ``eps=0`` it
+    equals the decomposition's sum up to rounding)."""
     out = vectors[None]  # [1, S, d]: one "row" for the bias rule
+    row = None if real is None else real.to(out.dtype)[None]
     for m in modules:
         if isinstance(m, nn.Linear):
             out = out @ m.weight.T.to(out.dtype)
             out = rule.add(out, None if m.bias is None else m.bias.to(out.dtype))
         elif isinstance(m, ELEMENTWISE):
-            pre = out.sum(1)
+            pre = out.sum(1) if row is None else row
             out = out * zero_origin_slope(pre, m(pre), rule.eps)[:, None]
+        if row is not None:
+            row = m(row)
     return out[0]
 
 
@@ -556,7 +566,8 @@ def decompx(
         if modules is None:
             contrib = torch.linalg.vector_norm(final, dim=-1)
         else:
-            per_class = through_head(final, modules, rule)
+            real = result.resid[b, positions[b]]
+            per_class = through_head(final, modules, rule, real)
             item = result.resolved.index(torch.tensor([b], device=positions.device))
             contrib = item.select_grid(per_class[None])[0]
         scores[b, idx] = contrib[:-1]
