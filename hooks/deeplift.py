@@ -17,11 +17,15 @@ the forward values, but the backward is the product rule below.
 Where the rule applies (``activations``):
 
 - ``"all"`` (DeepLIFT as published): the MLP activation of every block (``mlp.hook_post`` from
-  ``mlp.hook_pre``, whatever ``φ`` is) and the GELU inside BERT's MLM head.
+  ``mlp.hook_pre``, whatever ``φ`` is), the GELU inside BERT's MLM head, and every element-wise
+  activation module inside a ``Target.head`` (:func:`head_rescale`: the pooler's Tanh of a
+  sequence classifier, ReLU, GELU, SiLU, sigmoid, …; linear layers keep their gradient).
 - ``"captum"``: only activations whose Hugging Face module Captum 0.9 lists in
   ``SUPPORTED_NON_LINEAR`` (``nn.ReLU``; TransformerLens' ``"relu"``); GELU/SiLU/GELU-new are
   modules Captum does not know and get the plain gradient there, which is what Captum (and Inseq's
-  ``deeplift``, built on it) computes on GPT-2, Llama or BERT.
+  ``deeplift``, built on it) computes on GPT-2, Llama or BERT. Inside a ``Target.head`` the
+  modules Captum lists (``nn.ReLU``, ``nn.ELU``, ``nn.Sigmoid``, ``nn.Tanh``) get the rule, as
+  Captum gives it to BERT's pooler (also ``LeakyReLU`` and ``Softplus``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lens_attrib.backend import hook_name
 from lens_attrib.errors import ModelError
@@ -178,11 +182,104 @@ def mlm_head_rescale(
         yield
 
 
+CAPTUM_HEAD_MODULES: tuple[type[nn.Module], ...] = (
+    nn.ReLU,
+    nn.ELU,
+    nn.LeakyReLU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Softplus,
+)
+"""Element-wise activation modules that Captum 0.9's ``DeepLift`` gives the Rescale rule (its
+``SUPPORTED_NON_LINEAR``)."""
+HEAD_MODULES: tuple[type[nn.Module], ...] = (
+    *CAPTUM_HEAD_MODULES,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+)
+"""Element-wise activation modules that get the Rescale rule with ``activations="all"``."""
+
+
+def head_rescale_modules(head: Any, activations: str) -> list[nn.Module]:
+    """The activation modules inside a ``Target.head`` that get the Rescale rule: Captum's
+    (``nn.ReLU``, ``ELU``, ``LeakyReLU``, ``Sigmoid``, ``Tanh``, ``Softplus``) under both
+    settings, and the other element-wise ones (GELU, SiLU, Mish) under ``"all"``. Linear layers
+    (and anything else) keep their gradient. A plain function (not an ``nn.Module``) has none."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if not isinstance(head, nn.Module):
+        return []
+    kinds = CAPTUM_HEAD_MODULES if activations == "captum" else HEAD_MODULES
+    return [m for m in head.modules() if isinstance(m, kinds)]
+
+
+@contextmanager
+def head_rescale(
+    head: Any,
+    reference_rows: Tensor | None,
+    *,
+    activations: str = "all",
+    eps: float = RESCALE_EPS,
+) -> Iterator[None]:
+    """Rescale rule at every activation module inside a ``Target.head`` (e.g. the Tanh of BERT's
+    pooler in a ``*ForSequenceClassification`` head), as Captum applies it to every module.
+
+    ``reference_rows``: the head's input on the reference pass (the final residual at the target
+    rows). One pass of the head on them records each activation's reference input ``h₀``; while
+    the context is open, each activation ``a = φ(h)`` forwards its value and passes
+    ``(φ(h) − φ(h₀))/(h − h₀)`` backward (``φ'(h)`` where ``|h − h₀| < eps``). Modules called
+    several times are matched call by call.
+    """
+    modules = head_rescale_modules(head, activations)
+    if reference_rows is None or not modules:
+        yield
+        return
+    inputs: dict[int, list[Tensor]] = {}
+
+    def record(module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        inputs.setdefault(id(module), []).append(args[0].detach())
+
+    handles = [m.register_forward_pre_hook(record) for m in modules]
+    try:
+        with torch.no_grad():
+            head(reference_rows)
+    finally:
+        for handle in handles:
+            handle.remove()
+    calls: dict[int, int] = {}
+
+    def rescaled(module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> Tensor:
+        h = args[0]
+        k = calls.get(id(module), 0)
+        calls[id(module)] = k + 1
+        refs = inputs.get(id(module), [])
+        if k >= len(refs) or refs[k].shape != h.shape:
+            raise RuntimeError(
+                f"deeplift: the head's {type(module).__name__} saw other inputs on the explained "
+                "pass than on the reference pass; the head must map each row on its own."
+            )
+        # module.forward: φ itself, without re-entering this hook
+        m = rescale_multiplier(module.forward, h.detach(), refs[k].to(h.device, h.dtype), eps)
+        return linearized(output, (h, m))
+
+    handles = [m.register_forward_hook(rescaled) for m in modules]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 __all__ = [
     "ACTIVATIONS",
     "CAPTUM_ACTIVATIONS",
+    "CAPTUM_HEAD_MODULES",
+    "HEAD_MODULES",
     "RESCALE_EPS",
     "derivative",
+    "head_rescale",
+    "head_rescale_modules",
     "mlm_head_rescale",
     "reference_hooks",
     "rescale_applies",

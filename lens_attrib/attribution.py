@@ -40,6 +40,8 @@ class Attribution:
     head_token_scores: optional ``[batch, layer, head, pos]`` per-head-per-token relevances.
     parts:             optional named non-token parts (e.g. ALTI-Logit's MLP contributions).
     meta:              dtype, seconds, options, and method-specific facts.
+    token_types:       encoders: ``[batch, pos]`` segment ids the model was run with (sentence
+                       pairs); ``None`` is segment 0 everywhere.
     """
 
     scores: Float[Tensor, "batch pos"]
@@ -53,6 +55,7 @@ class Attribution:
     head_token_scores: Float[Tensor, "batch layer head pos"] | None = None
     parts: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    token_types: Int[Tensor, "batch pos"] | None = None
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
@@ -89,6 +92,7 @@ class Attribution:
             layer_scores=pick(self.layer_scores),
             head_scores=pick(self.head_scores),
             head_token_scores=pick(self.head_token_scores),
+            token_types=pick(self.token_types),
             parts={k: v[idx.to(v.device)] for k, v in self.parts.items()},
             meta={
                 k: (per_item(v) if k not in _META_NOT_PER_ITEM else v) for k, v in self.meta.items()

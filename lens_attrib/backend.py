@@ -61,6 +61,7 @@ class Arch:
     dtype: torch.dtype
     n_ctx: int
     d_mlp: int = 0
+    class_head: bool = False
 
     @property
     def causal(self) -> bool:
@@ -125,6 +126,7 @@ def arch_of(model: Any) -> Arch:
         dtype=dtype,
         n_ctx=int(cfg.n_ctx),
         d_mlp=int(cfg.d_mlp or 0),
+        class_head=attached_head(model) is not None,
     )
 
 
@@ -212,10 +214,16 @@ def pattern_hooks(arch: Arch) -> list[str]:
 
 
 # --------------------------------------------------------------------------- raw forwards
-def forward_kwargs(arch: Arch, mask: Tensor, padded: bool) -> dict[str, Tensor]:
-    """Keyword arguments for the model's forward (the attention mask, when needed)."""
+def forward_kwargs(
+    arch: Arch, mask: Tensor, padded: bool, token_types: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Keyword arguments for the model's forward (the attention mask, when needed, and the
+    encoder's segment ids ``token_type_ids`` when given)."""
     if arch.encoder:
-        return {"one_zero_attention_mask": mask.long()}
+        kwargs = {"one_zero_attention_mask": mask.long()}
+        if token_types is not None:
+            kwargs["token_type_ids"] = token_types
+        return kwargs
     return {"attention_mask": mask.long()} if padded else {}
 
 
@@ -233,21 +241,35 @@ def has_hooks(point: nn.Module) -> bool:
 
 
 def final_residual(
-    model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool
+    model: Any,
+    arch: Arch,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
 ) -> Float[Tensor, "batch pos d_model"]:
-    """The residual stream after the last block (before the head), one forward pass."""
+    """The residual stream after the last block (before the head), one forward pass.
+
+    ``token_types``: an encoder's segment ids (``None``: segment 0 everywhere)."""
     if arch.encoder:
-        return cast(Tensor, model.encoder_output(tokens, None, mask.long()))
+        return cast(Tensor, model.encoder_output(tokens, token_types, mask.long()))
     return cast(
         Tensor,
         model(tokens, stop_at_layer=arch.n_layers, **forward_kwargs(arch, mask, padded)),
     )
 
 
-def embedding_forward(model: Any, arch: Arch, tokens: Tensor, mask: Tensor, padded: bool) -> None:
-    """Run only the embedding (hooks on it fire)."""
+def embedding_forward(
+    model: Any,
+    arch: Arch,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
+) -> None:
+    """Run only the embedding (hooks on it fire; ``token_types``: an encoder's segment ids)."""
     if arch.encoder:
-        model.hook_full_embed(model.embed(tokens))
+        model.hook_full_embed(model.embed(tokens, token_types))
     else:
         model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
 
@@ -274,6 +296,22 @@ def lm_head(model: Any, arch: Arch) -> Head:
         return cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
 
     return decoder_head
+
+
+CLASS_HEAD = "lens_attrib_class_head"
+"""Attribute (a registered submodule) holding the sequence-classification head a loaded
+``*ForSequenceClassification`` checkpoint came with (:mod:`lens_attrib.heads`)."""
+
+
+def attached_head(model: Any) -> Head | None:
+    """The model's own classification/regression head, if it was loaded with one."""
+    return cast("Head | None", getattr(model, CLASS_HEAD, None))
+
+
+def default_head(model: Any, arch: Arch) -> Head:
+    """The head explained by default: the model's own class head, else its LM head."""
+    head = attached_head(model)
+    return head if head is not None else lm_head(model, arch)
 
 
 def pre_unembed(model: Any, arch: Arch) -> Head:
@@ -357,13 +395,16 @@ def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instea
 
 
 __all__ = [
+    "CLASS_HEAD",
     "EMBEDDINGS",
     "Arch",
     "Head",
     "arch_of",
+    "attached_head",
     "attn_hook",
     "block",
     "check_applies_to",
+    "default_head",
     "embedded_input_hooks",
     "embedding_forward",
     "embedding_hooks",

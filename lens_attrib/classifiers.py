@@ -21,9 +21,13 @@ decoders: last real token through ``ln_final``; encoders: ``[CLS]``), fitted on 
 30 blocks, 1 epoch; MiniLM k = 6 of 6, 2 epochs on SST-2 and 6 on STS-B; lr 5e-5, head 5e-4).
 Training phrases are the first ones of the (shuffled) GLUE SST-2 train file with at least four
 words (the dev set holds whole sentences; one- to three-word phrases add little). STS-B pairs are
-encoded as the tokenizer's pair encoding ``[CLS] s1 [SEP] s2 [SEP]`` (token ids; the library runs
-encoders without segment ids, so the features are computed the same way) and the regression head
-predicts the 0–5 score.
+encoded as the tokenizer's pair encoding ``[CLS] s1 [SEP] s2 [SEP]`` given as token ids only
+(:func:`pair_ids`), so ``minilm-l6-stsb`` was trained, fine-tuned, scored and is explained with
+segment 0 on every token (all-MiniLM-L6-v2 itself was trained on single sentences): its head
+and every result computed with it describe that model consistently. Pairs given as
+``(s1, s2)`` tuples (or ids with ``token_type_ids``) carry segment 1 on ``s2 [SEP]``
+(:mod:`lens_attrib.inputs`); a classifier trained that way must also be explained that way.
+The regression head predicts the 0–5 score.
 
 Cache: ``$LENS_ATTRIB_CACHE/classifiers/<name>-<data hash>-s<seed>/`` holds the linear head
 (:func:`lens_attrib.heads.save_head`, metadata: data hash, seed, n, dev accuracy / Pearson r,

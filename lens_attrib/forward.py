@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lens_attrib.backend import Arch, Head, arch_of, final_residual, lm_head
+from lens_attrib.backend import Arch, Head, arch_of, default_head, final_residual
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import Batch
@@ -51,12 +51,14 @@ class Forward:
 
 def resid_of(model: Any, batch: Batch) -> Float[Tensor, "batch pos d_model"]:
     """The final residual of ``batch`` (hooks installed by the caller fire)."""
-    return final_residual(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+    return final_residual(
+        model, batch.arch, batch.tokens, batch.mask, batch.padded, batch.token_types
+    )
 
 
 def has_head(arch: Arch, target: Target) -> bool:
     """Whether an explained scalar exists (a head on top, or the target names one)."""
-    return target.head is not None or not arch.encoder or arch.lm_head
+    return target.head is not None or not arch.encoder or arch.lm_head or arch.class_head
 
 
 def _capture_hook(store: dict[str, Tensor], name: str) -> HookFn:
@@ -142,25 +144,28 @@ def head_outputs(
     reduce: Reduce | None = None,
     hooks: ChunkHooks | None = None,
     max_batch: int = 64,
+    token_types: Int[Tensor, "n pos"] | None = None,
 ) -> Tensor:
     """Head outputs at ``positions`` for many sequences, in chunks of ``max_batch`` rows.
 
     ``hooks(rows)`` gives the forward hooks for the chunk ``rows`` (a slice of the ``n`` rows);
     ``reduce(head_out, rows)`` maps the chunk's ``[chunk, n_out]`` head outputs to what is kept
-    (default: the head outputs themselves). Runs inside the model guard under inference mode.
+    (default: the head outputs themselves). ``token_types``: an encoder's segment ids of the
+    ``n`` rows (``None``: segment 0). Runs inside the model guard under inference mode.
     """
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     arch = arch_of(model)
-    head = head or lm_head(model, arch)
+    head = head or default_head(model, arch)
     device = model.cfg.device
     outs: list[Tensor] = []
     with model_guard(model), torch.inference_mode():
         for start in range(0, int(tokens.shape[0]), max_batch):
             rows = slice(start, min(start + max_batch, int(tokens.shape[0])))
             tok, msk = tokens[rows].to(device), mask[rows].to(device)
+            types = None if token_types is None else token_types[rows].to(device)
             with model.hooks(fwd_hooks=hooks(rows) if hooks is not None else []):
-                resid = final_residual(model, arch, tok, msk, not bool(msk.all()))
+                resid = final_residual(model, arch, tok, msk, not bool(msk.all()), types)
             out = head(target_rows(resid, positions[rows]))
             outs.append(reduce(out, rows) if reduce is not None else out)
     return torch.cat(outs)

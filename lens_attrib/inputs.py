@@ -8,7 +8,13 @@ what it computes alone). Encoders (``HookedEncoder``) are padded on the right, a
 Accepted inputs: a string, a list of strings, token ids (a ``[pos]`` or ``[batch, pos]`` tensor,
 numpy array or nested list) with an optional ``attention_mask`` of the same shape (1 = real
 token; pads are dropped and never scored, on either side), a Hugging Face ``BatchEncoding`` or a
-dict with ``input_ids`` (and ``attention_mask``), or an existing :class:`Batch`.
+dict with ``input_ids`` (and ``attention_mask``, ``token_type_ids``), or an existing :class:`Batch`.
+
+Sentence pairs (encoders): a ``(first, second)`` tuple of two strings or a list of them is encoded
+as the tokenizer's pair encoding ``[CLS] first [SEP] second [SEP]`` with its segment ids
+(``token_type_ids``: 0 for the first segment, 1 for the second), which the Batch carries into
+every forward. Segment ids can also be given explicitly (``token_type_ids=``) or come with a
+``BatchEncoding``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ class Batch:
     arch: Arch
     padding_side: str = "left"
     extra: dict[str, Any] = field(default_factory=dict)
+    token_types: Int[Tensor, "batch pos"] | None = None
+    """Encoders: the segment of every token (``token_type_ids``: 0 for ``[CLS] a [SEP]``, 1 for
+    ``b [SEP]`` of a pair; 0 at padding); ``None`` is segment 0 everywhere."""
 
     @property
     def encoder(self) -> bool:
@@ -82,6 +91,7 @@ class Batch:
             self.arch,
             self.padding_side,
             dict(self.extra),
+            None if self.token_types is None else self.token_types.to(device),
         )
 
     def select(self, index: Sequence[int] | Tensor) -> Batch:
@@ -95,6 +105,7 @@ class Batch:
             self.arch,
             self.padding_side,
             dict(self.extra),
+            None if self.token_types is None else self.token_types[index],
         )
 
     def real_index(self, item: int, real_position: int) -> int:
@@ -114,7 +125,7 @@ class Batch:
 
     def model_kwargs(self) -> dict[str, Tensor]:
         """Keyword arguments for the model's forward (``attention_mask`` when padded)."""
-        return forward_kwargs(self.arch, self.mask, self.padded)
+        return forward_kwargs(self.arch, self.mask, self.padded, self.token_types)
 
 
 InputsLike = str | Sequence[str] | Tensor | Sequence[Sequence[int]] | Batch | Mapping[str, Any]
@@ -225,11 +236,14 @@ def to_batch(
     prepend_bos: bool | None = None,
     attention_mask: Any = None,
     mask: Tensor | None = None,
+    token_type_ids: Any = None,
 ) -> Batch:
     """Tokenize and pad ``inputs`` for ``model`` (see the module docstring for the forms).
 
     Strings get BOS when ``prepend_bos`` (default: ``model.cfg.default_prepend_bos``) for
     decoders, and ``[CLS] … [SEP]`` for encoders. ``mask`` is an alias of ``attention_mask``.
+    Encoders also take sentence pairs and segment ids (:func:`sentence_pairs`,
+    :func:`token_type_rows`).
     """
     if isinstance(inputs, Batch):
         return inputs
@@ -241,6 +255,13 @@ def to_batch(
     device = model.cfg.device
     n_ctx = arch.n_ctx
 
+    pairs = sentence_pairs(inputs) if encoder else None
+    if pairs is not None:
+        inputs, pair_types, pair_mask = encode_pairs(model, pairs)
+        token_type_ids = pair_types if token_type_ids is None else token_type_ids
+        attention_mask = pair_mask
+    if isinstance(inputs, Mapping) and token_type_ids is None:
+        token_type_ids = inputs.get("token_type_ids")
     if isinstance(inputs, Mapping):
         inputs, mapped_mask = _from_mapping(inputs)
         attention_mask = attention_mask if attention_mask is not None else mapped_mask
@@ -319,6 +340,7 @@ def to_batch(
     if special_ids:
         special = real & torch.isin(tokens, torch.tensor(sorted(special_ids), dtype=torch.long))
     str_tokens = [str_tokens_of(model, seq) for seq in sequences]
+    types = token_type_rows(model, token_type_ids, attention_mask, sequences)
     return Batch(
         tokens.to(device),
         real.to(device),
@@ -326,4 +348,114 @@ def to_batch(
         special.to(device),
         arch,
         padding_side=padding_side,
+        token_types=None if types is None else padded_token_types(types, real).to(device),
     )
+
+
+# --------------------------------------------------------------------------- sentence pairs
+def sentence_pairs(inputs: Any) -> list[tuple[str, str]] | None:
+    """The sentence pairs in ``inputs``: a ``(first, second)`` tuple of two strings, or a list of
+    them; ``None`` for any other input. (Only encoders read a 2-tuple of strings as a pair.)"""
+
+    def is_pair(x: Any) -> bool:
+        return isinstance(x, tuple) and len(x) == 2 and all(isinstance(s, str) for s in x)
+
+    if is_pair(inputs):
+        return [inputs]
+    if isinstance(inputs, list) and inputs and all(is_pair(x) for x in inputs):
+        return list(inputs)
+    return None
+
+
+def encode_pairs(
+    model: Any, pairs: Sequence[tuple[str, str]]
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
+    """The tokenizer's pair encoding ``[CLS] a [SEP] b [SEP]`` of every pair, padded on the right:
+    token ids, segment ids (0 for ``[CLS] a [SEP]``, 1 for ``b [SEP]``) and the real-token mask."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise InputError(
+            "The model has no tokenizer, so sentence pairs cannot be encoded: pass token ids "
+            "with token_type_ids= (0 for the first segment, 1 for the second)."
+        )
+    ids: list[list[int]] = []
+    types: list[list[int]] = []
+    for first, second in pairs:
+        enc = tokenizer(first, second, add_special_tokens=True, return_token_type_ids=True)
+        row = [int(t) for t in enc["input_ids"]]
+        ids.append(row)
+        types.append([int(t) for t in enc.get("token_type_ids") or [0] * len(row)])
+    length = max(len(r) for r in ids)
+    mask = torch.zeros((len(ids), length), dtype=torch.bool)
+    id_t = torch.zeros((len(ids), length), dtype=torch.long)
+    type_t = torch.zeros((len(ids), length), dtype=torch.long)
+    for i, (row, trow) in enumerate(zip(ids, types)):
+        id_t[i, : len(row)] = torch.tensor(row)
+        type_t[i, : len(row)] = torch.tensor(trow)
+        mask[i, : len(row)] = True
+    return id_t, type_t, mask
+
+
+def n_token_types(model: Any) -> int:
+    """How many segments the model's token-type embedding has (0: none, e.g. decoders)."""
+    embed = getattr(getattr(model, "embed", None), "token_type_embed", None)
+    weight = getattr(embed, "W_token_type", None)
+    return 0 if weight is None else int(weight.shape[0])
+
+
+def token_type_rows(
+    model: Any, token_type_ids: Any, attention_mask: Any, sequences: Sequence[Sequence[int]]
+) -> list[list[int]] | None:
+    """Every item's segment ids at its real tokens, checked against the ids (``None``: none given).
+
+    ``token_type_ids`` has the layout of the ids: padded like them when an ``attention_mask`` of
+    the same shape was given (its real positions are kept), otherwise one row per item holding
+    exactly that item's tokens (e.g. ``[CLS] … [SEP]`` of a string). Decoders have no segments:
+    any non-zero id is an error there.
+    """
+    if token_type_ids is None:
+        return None
+    if (
+        attention_mask is not None
+        and hasattr(token_type_ids, "shape")
+        and tuple(token_type_ids.shape) == tuple(torch.as_tensor(attention_mask).shape)
+    ):
+        rows = _sequences_from_ids(token_type_ids, attention_mask)
+    elif isinstance(token_type_ids, Tensor | np.ndarray):
+        rows = [list(map(int, r)) for r in _as_id_tensor(token_type_ids, "token_type_ids")]
+    else:
+        seqs = list(token_type_ids)
+        if seqs and not isinstance(seqs[0], Sequence | Tensor | np.ndarray):
+            seqs = [seqs]  # one item's row
+        rows = [[int(t) for t in r] for r in seqs]
+    n_types = n_token_types(model)
+    if n_types == 0:
+        if any(t != 0 for r in rows for t in r):
+            raise InputError(
+                "token_type_ids were given but this model has no segment embedding (a decoder): "
+                "sentence pairs and segments apply to encoders (BERT-style)."
+            )
+        return None
+    if len(rows) != len(sequences) or any(len(r) != len(s) for r, s in zip(rows, sequences)):
+        raise InputError(
+            f"token_type_ids give {[len(r) for r in rows]} segment ids per item but the inputs "
+            f"have {[len(s) for s in sequences]} tokens: pass one segment id per token, in the "
+            "layout of the ids (e.g. the tokenizer's own token_type_ids for the same call)."
+        )
+    bad = sorted({t for r in rows for t in r if not 0 <= t < n_types})
+    if bad:
+        raise InputError(
+            f"token_type_ids hold {bad} but the model has {n_types} segment(s) "
+            f"(valid: 0..{n_types - 1}); RoBERTa-style models have one: pass none."
+        )
+    return rows
+
+
+def padded_token_types(
+    rows: Sequence[Sequence[int]], real: Bool[Tensor, "batch pos"]
+) -> Int[Tensor, "batch pos"]:
+    """Segment ids laid out like the padded tokens (0 at padding)."""
+    types = torch.zeros(real.shape, dtype=torch.long)
+    for i, row in enumerate(rows):
+        types[i][real[i]] = torch.tensor(list(row), dtype=torch.long)
+    return types

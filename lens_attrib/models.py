@@ -488,15 +488,48 @@ def mlm_head_state_dict(predictions: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in sd.items()}
 
 
+ENCODER_ACTIVATIONS = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_new": "gelu_new",
+    "gelu_fast": "gelu_fast",
+    "gelu_pytorch_tanh": "gelu_pytorch_tanh",
+}
+"""transformers' ``hidden_act`` names -> the TransformerLens activation computing the same
+function (exact GELU, ReLU, SiLU, and the tanh approximations of GELU)."""
+
+
+def encoder_activation(hf: Any) -> str:
+    """The TransformerLens ``act_fn`` of a BERT-style config's ``hidden_act``."""
+    act = hf.hidden_act
+    if not isinstance(act, str) or act not in ENCODER_ACTIVATIONS:
+        raise ModelError(
+            f"{type(hf).__name__} with hidden_act={act!r} is not supported: HookedEncoder "
+            f"computes {sorted(ENCODER_ACTIVATIONS)} (transformers' names)."
+        )
+    return ENCODER_ACTIVATIONS[act]
+
+
+def position_offset(hf: Any) -> int:
+    """Index of the first real position in the checkpoint's position table: RoBERTa-style models
+    number positions from ``padding_idx + 1`` (``pad_token_id + 1``), BERT from 0."""
+    if hf.model_type in ROBERTA_TYPES:
+        return int(hf.pad_token_id) + 1
+    return 0
+
+
 def encoder_config(hf: Any, dtype: torch.dtype, model_name: str) -> Any:
-    """HookedTransformerConfig of a transformers ``BertConfig`` (absolute positions, GELU)."""
+    """HookedTransformerConfig of a transformers BERT/RoBERTa config (absolute positions; the
+    activations of :data:`ENCODER_ACTIVATIONS`; ``n_ctx`` without RoBERTa's offset rows)."""
     from transformer_lens.config import HookedTransformerConfig
 
     position = getattr(hf, "position_embedding_type", "absolute")
-    if hf.hidden_act != "gelu" or position != "absolute":
+    if position != "absolute":
         raise ModelError(
-            f"BERT with hidden_act={hf.hidden_act!r}, position_embedding_type={position!r} is "
-            "not supported: HookedEncoder computes exact GELU and absolute positions only."
+            f"{type(hf).__name__} with position_embedding_type={position!r} is not supported: "
+            "HookedEncoder adds absolute position embeddings only."
         )
     return HookedTransformerConfig(
         d_model=hf.hidden_size,
@@ -504,10 +537,10 @@ def encoder_config(hf: Any, dtype: torch.dtype, model_name: str) -> Any:
         n_heads=hf.num_attention_heads,
         d_mlp=hf.intermediate_size,
         n_layers=hf.num_hidden_layers,
-        n_ctx=hf.max_position_embeddings,
+        n_ctx=hf.max_position_embeddings - position_offset(hf),
         eps=hf.layer_norm_eps,
         d_vocab=hf.vocab_size,
-        act_fn="gelu",
+        act_fn=encoder_activation(hf),
         attention_dir="bidirectional",
         original_architecture="BertForMaskedLM",
         model_name=model_name,
@@ -549,7 +582,9 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
         )
     load_weights_exactly(model, state_dict, absent_heads=absent)
     buffers_in_dtype(model, dtype)
-    if not with_mlm:
+    if with_mlm:
+        setattr(model.mlm_head, "act_fn", mlm_activation(hf_config))  # noqa: B010  (typed as GELU)
+    else:
         setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
     return model
 
@@ -557,6 +592,170 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
 def load_minilm(dtype: torch.dtype = torch.float32) -> Any:
     """all-MiniLM-L6-v2 as a HookedEncoder (encoder only: ``lens_attrib_no_lm_head`` is set)."""
     return load_bert_folder(minilm_dir(), dtype, model_name="all-MiniLM-L6-v2")
+
+
+# --------------------------------------------------------------------------- encoder folders
+BERT_TYPES = {"bert"}
+ROBERTA_TYPES = {"roberta", "xlm-roberta", "camembert"}
+ENCODER_TYPES = BERT_TYPES | ROBERTA_TYPES
+ENCODER_HEADS = ("Model", "ForMaskedLM", "ForSequenceClassification")
+UNSUPPORTED_ENCODERS = {
+    "deberta": "its disentangled relative-position attention is not HookedEncoder's",
+    "deberta-v2": "its disentangled relative-position attention is not HookedEncoder's",
+    "albert": "its factorised embeddings and one set of weights shared by all layers",
+    "distilbert": "no segment embedding and another module layout (not converted yet)",
+    "electra": "an embedding projection when embedding_size != hidden_size (not converted yet)",
+    "mpnet": "its relative position bias in attention",
+    "longformer": "its sliding-window attention",
+    "big_bird": "its block-sparse attention",
+    "xlnet": "its two-stream relative attention",
+    "modernbert": "rotary positions, gated MLP and local/global attention",
+}
+"""Encoder families ``load_model`` refuses, with the reason (see the README)."""
+
+
+def encoder_kind(hf_config: Any) -> str | None:
+    """``"Model"``, ``"ForMaskedLM"`` or ``"ForSequenceClassification"`` for a supported BERT /
+    RoBERTa folder, ``None`` for other model types; an encoder it cannot load is an error."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type in UNSUPPORTED_ENCODERS:
+        raise ModelError(
+            f"{model_type} checkpoints are not supported: {UNSUPPORTED_ENCODERS[model_type]}. "
+            f"Supported encoder families: {sorted(ENCODER_TYPES)}."
+        )
+    if model_type not in ENCODER_TYPES:
+        return None
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    name = architectures[0] if architectures else ""
+    kind = next((k for k in ENCODER_HEADS[1:] if name.endswith(k)), None)
+    if kind is None and name and not name.endswith("Model"):
+        raise ModelError(
+            f"{name} is not supported: load_model reads {model_type} folders saved as "
+            f"*{', *'.join(ENCODER_HEADS)}; save the encoder (model.base_model) instead."
+        )
+    if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
+        raise ModelError(f"{name or model_type} is configured as a decoder: not an encoder.")
+    return kind or "Model"
+
+
+def folder_tokenizer(folder: str | Path) -> Any:
+    """The folder's tokenizer, or ``None`` when it has no tokenizer files (text inputs then raise
+    an InputError that asks for token ids)."""
+    from transformers import AutoTokenizer
+
+    names = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+    if not any((Path(folder) / n).is_file() for n in names):
+        return None
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def roberta_lm_head_state_dict(lm_head: Any) -> dict[str, torch.Tensor]:
+    """HookedEncoder names for a ``RobertaLMHead`` (dense, GELU, LayerNorm, decoder + bias)."""
+    sd = {
+        "mlm_head.W": lm_head.dense.weight.T,
+        "mlm_head.b": lm_head.dense.bias,
+        "mlm_head.ln.w": lm_head.layer_norm.weight,
+        "mlm_head.ln.b": lm_head.layer_norm.bias,
+        "unembed.W_U": lm_head.decoder.weight.T,
+        "unembed.b_U": lm_head.bias,
+    }
+    return {k: v.detach() for k, v in sd.items()}
+
+
+def mlm_activation(hf_config: Any) -> torch.nn.Module:
+    """The MLM transform's activation: BERT's ``hidden_act``, RoBERTa's exact GELU."""
+    from torch import nn
+
+    if hf_config.model_type in ROBERTA_TYPES:
+        return nn.GELU()
+    act = encoder_activation(hf_config)
+    modules = {
+        "gelu": nn.GELU(),
+        "relu": nn.ReLU(),
+        "silu": nn.SiLU(),
+        "gelu_new": nn.GELU(approximate="tanh"),
+        "gelu_pytorch_tanh": nn.GELU(approximate="tanh"),
+    }
+    if act not in modules:
+        raise ModelError(
+            f"A masked-LM head with hidden_act={hf_config.hidden_act!r} is not supported."
+        )
+    return modules[act]
+
+
+def sized_token_type_table(model: Any, table: torch.Tensor) -> None:
+    """Give the segment embedding the checkpoint's number of segments (RoBERTa has one; an id
+    outside it is then an InputError rather than a lookup of a row that does not exist)."""
+    embed = model.embed.token_type_embed
+    if embed.W_token_type.shape != table.shape:
+        embed.W_token_type = torch.nn.Parameter(
+            torch.empty(table.shape, dtype=embed.W_token_type.dtype)
+        )
+
+
+def load_encoder_folder(
+    folder: str | Path, dtype: torch.dtype, model_name: str | None = None
+) -> Any:
+    """A BERT / RoBERTa ``*Model``, ``*ForMaskedLM`` or ``*ForSequenceClassification`` folder
+    (``save_pretrained``) as a HookedEncoder built in ``dtype``.
+
+    - ``*ForMaskedLM`` keeps its MLM head (token logits, the transform's own activation);
+      ``*Model`` and the classifier have none (``lens_attrib_no_lm_head``).
+    - ``*ForSequenceClassification`` brings its head (BERT: pooler + tanh + classifier; RoBERTa:
+      classifier.dense + tanh + out_proj) as :class:`lens_attrib.heads.ClassifierHead` with the
+      ``id2label`` names, attached to the model: it is the default ``Target`` head, read at
+      ``[CLS]`` (:func:`lens_attrib.heads.with_model_head`).
+    - RoBERTa numbers positions from ``pad_token_id + 1``: the table is stored from that row, so
+      position ``i`` of the input reads the checkpoint's row ``pad_token_id + 1 + i``.
+    - The segment table keeps the checkpoint's size (2 for BERT, 1 for RoBERTa).
+    - Without tokenizer files the model has no tokenizer: pass token ids.
+    """
+    from transformer_lens import HookedEncoder
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+    )
+
+    from lens_attrib.heads import attach_class_head, class_head_of
+
+    hf_config = AutoConfig.from_pretrained(folder)
+    kind = encoder_kind(hf_config)
+    if kind is None:
+        raise ModelError(f"{folder} holds a {hf_config.model_type!r} model, not an encoder.")
+    auto = {
+        "Model": AutoModel,
+        "ForMaskedLM": AutoModelForMaskedLM,
+        "ForSequenceClassification": AutoModelForSequenceClassification,
+    }[kind]
+    hf = auto.from_pretrained(folder, dtype=dtype).eval()
+    base = getattr(hf, hf.base_model_prefix, hf)
+    cfg = encoder_config(hf_config, dtype, model_name or Path(folder).name)
+    state_dict = encoder_state_dict_from_bert(base, cfg.n_heads)
+    state_dict["embed.pos_embed.W_pos"] = state_dict["embed.pos_embed.W_pos"][
+        position_offset(hf_config) :
+    ]
+    absent: tuple[str, ...] = ("nsp_head.",) + (() if "pooler.W" in state_dict else ("pooler.",))
+    if kind == "ForMaskedLM":
+        if hf_config.model_type in ROBERTA_TYPES:
+            state_dict.update(roberta_lm_head_state_dict(hf.lm_head))
+        else:
+            state_dict.update(mlm_head_state_dict(hf.cls.predictions))
+    else:
+        absent += ("mlm_head.", "unembed.")
+    with quiet_deprecation():
+        model = HookedEncoder(cfg, tokenizer=folder_tokenizer(folder), move_to_device=False)
+    sized_token_type_table(model, state_dict["embed.token_type_embed.W_token_type"])
+    load_weights_exactly(model, state_dict, absent_heads=absent)
+    buffers_in_dtype(model, dtype)
+    if kind == "ForMaskedLM":
+        setattr(model.mlm_head, "act_fn", mlm_activation(hf_config))  # noqa: B010  (typed as GELU)
+    else:
+        setattr(model, "lens_attrib_no_lm_head", True)  # noqa: B010  (plain attribute on a Module)
+    if kind == "ForSequenceClassification":
+        attach_class_head(model, class_head_of(hf, hf_config))
+    return model
 
 
 # --------------------------------------------------------------------------- local dirs, by name
@@ -580,8 +779,8 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_config = AutoConfig.from_pretrained(path)
-    if set(hf_config.architectures or []) & BERT_ARCHITECTURES:
-        return load_bert_folder(path, dtype)
+    if encoder_kind(hf_config) is not None:
+        return load_encoder_folder(path, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     config = transformer_lens_hf_config(hf_config)

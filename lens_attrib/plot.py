@@ -32,6 +32,21 @@ def _symmetric_range(values: Any) -> float:
     return m or 1.0
 
 
+def segment_boundaries(attribution: Attribution, item: int) -> list[int]:
+    """Real-token indices where a new segment (sentence pair: ``token_types``) begins."""
+    if attribution.token_types is None:
+        return []
+    types = attribution.token_types[item][attribution.mask[item]].tolist()
+    return [i for i in range(1, len(types)) if types[i] != types[i - 1]]
+
+
+def _mark_segments(fig: go.Figure, attribution: Attribution, item: int) -> go.Figure:
+    """A black vertical line between the segments of a sentence pair."""
+    for start in segment_boundaries(attribution, item):
+        fig.add_vline(x=start - 0.5, line={"color": "black", "width": 3})
+    return fig
+
+
 def token_heatmap(attribution: Attribution, item: int = 0, title: str | None = None) -> go.Figure:
     """Signed relevance of every real token of one item (diverging colours, zero = white)."""
     scores = attribution.numpy(item)
@@ -58,7 +73,7 @@ def token_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
         height=220,
         xaxis={"showticklabels": False},
     )
-    return fig
+    return _mark_segments(fig, attribution, item)
 
 
 def layer_heatmap(attribution: Attribution, item: int = 0, title: str | None = None) -> go.Figure:
@@ -91,7 +106,7 @@ def layer_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
         height=max(300, 18 * z.shape[0] + 140),
         xaxis={"tickangle": -45},
     )
-    return fig
+    return _mark_segments(fig, attribution, item)
 
 
 # --------------------------------------------------------------------------- comparisons
@@ -155,7 +170,7 @@ def method_grid(
         xaxis={"showticklabels": False},
         yaxis={"autorange": "reversed"},
     )
-    return fig
+    return _mark_segments(fig, named[0][1], item)
 
 
 def _curve_mean(values: Any) -> Any:

@@ -24,7 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_attrib.backend import Head, arch_of, lm_head
+from lens_attrib.backend import Head, arch_of
+from lens_attrib.backend import default_head as model_default_head
 from lens_attrib.errors import TargetError
 from lens_attrib.inputs import Batch
 
@@ -46,7 +47,9 @@ class Target:
     generate:  number of greedy generation steps to explain (one target per generated token);
                supported by the methods that say so.
     labels:    names of a class head's outputs (for display: ``labels[y]``); class heads are
-               otherwise shown as ``class y``.
+               otherwise shown as ``class y``. With labels, a class head's token/foil may be
+               given by name.
+    label:     alias of ``token`` for class heads (``Target(label="positive")``).
 
     A single token, foil or position is used for every item of the batch.
     """
@@ -58,8 +61,17 @@ class Target:
     regression: bool = False
     generate: int = 0
     labels: Sequence[str] | None = None
+    label: TokenSpec = None
 
     def __post_init__(self) -> None:
+        if self.label is not None:
+            if self.token is not None:
+                raise TargetError(
+                    f"Target got token={self.token!r} and label={self.label!r}: label is an "
+                    "alias of token, pass one of them."
+                )
+            object.__setattr__(self, "token", self.label)
+            object.__setattr__(self, "label", None)
         for what in ("token", "foil"):
             object.__setattr__(self, what, _normalize_spec(getattr(self, what), what))
         object.__setattr__(self, "position", _normalize_position(self.position))
@@ -114,7 +126,7 @@ class Target:
                 raise TargetError(f"regression=True needs a head with one output, got {n_out}.")
             zeros = torch.zeros(batch.size, dtype=torch.long, device=head_out.device)
             return ResolvedTarget(self.positions(batch), zeros, None, True)
-        if self.head is not None:
+        if self.head is not None and self.labels is None:
             for what, spec in (("token", self.token), ("foil", self.foil)):
                 if isinstance(spec, str) or (
                     isinstance(spec, Sequence) and any(isinstance(x, str) for x in spec)
@@ -123,15 +135,18 @@ class Target:
                         f"With a class head (Target(head=...)) the {what} is a class index "
                         f"(0..{n_out - 1}), got {spec!r}; name the classes with labels=[...]."
                     )
+        names = self.labels if self.head is not None else None
         if self.token is None:
             token_ids = head_out.detach().argmax(-1)
         else:
-            token_ids = token_ids_of(model, self.token, batch.size, n_out, "token").to(
+            token_ids = token_ids_of(model, self.token, batch.size, n_out, "token", names).to(
                 head_out.device
             )
         foil_ids = None
         if self.foil is not None:
-            foil_ids = token_ids_of(model, self.foil, batch.size, n_out, "foil").to(head_out.device)
+            foil_ids = token_ids_of(model, self.foil, batch.size, n_out, "foil", names).to(
+                head_out.device
+            )
             if self.token is not None and bool((foil_ids == token_ids).any()):
                 same = torch.nonzero(foil_ids == token_ids).flatten().tolist()
                 warnings.warn(
@@ -218,8 +233,9 @@ class ResolvedTarget:
 
 
 def default_head(model: Any) -> Head:
-    """``ln_final`` + ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
-    return lm_head(model, arch_of(model))
+    """The model's own class head (a loaded ``*ForSequenceClassification``), else ``ln_final`` +
+    ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
+    return model_default_head(model, arch_of(model))
 
 
 def _normalize_spec(spec: Any, what: str) -> TokenSpec:
@@ -271,16 +287,28 @@ def _normalize_position(position: Any) -> int | list[int] | None:
     )
 
 
-def token_ids_of(model: Any, spec: TokenSpec, batch_size: int, n_out: int, what: str) -> Tensor:
-    """Ids of a token spec, one per item; strings must be exactly one token."""
+def token_ids_of(
+    model: Any,
+    spec: TokenSpec,
+    batch_size: int,
+    n_out: int,
+    what: str,
+    labels: Sequence[str] | None = None,
+) -> Tensor:
+    """Ids of a token spec, one per item; strings must be exactly one token, or, for a class head
+    with ``labels``, one of the labels."""
+
+    def one(s: str | int) -> int:
+        return label_id(s, labels, what) if labels is not None else single_token_id(model, s, what)
+
     if isinstance(spec, Tensor):
         ids = spec.reshape(-1).long()
         values: list[int] = ids.tolist()
     elif isinstance(spec, str | int):
-        values = [single_token_id(model, spec, what)] * batch_size
+        values = [one(spec)] * batch_size
     else:
         assert spec is not None
-        values = [single_token_id(model, s, what) for s in spec]
+        values = [one(s) for s in spec]
     if len(values) == 1 and batch_size > 1:
         values = values * batch_size
     if len(values) != batch_size:
@@ -289,6 +317,16 @@ def token_ids_of(model: Any, spec: TokenSpec, batch_size: int, n_out: int, what:
         if not 0 <= v < n_out:
             raise TargetError(f"{what} id {v} is outside the head's {n_out} outputs.")
     return torch.tensor(values, dtype=torch.long)
+
+
+def label_id(spec: str | int, labels: Sequence[str], what: str = "token") -> int:
+    """The index of a class named ``spec`` among a class head's ``labels`` (ids pass through)."""
+    if isinstance(spec, int):
+        return spec
+    names = list(labels)
+    if spec not in names:
+        raise TargetError(f"The {what} {spec!r} is not one of the head's labels {names}.")
+    return names.index(spec)
 
 
 def single_token_id(model: Any, spec: str | int, what: str = "token") -> int:

@@ -80,6 +80,8 @@ class ItemView:
     target: int
     kept: list[int]
     ranked: list[int]
+    types: list[int] | None = None
+    """Encoders: the item's segment ids (sentence pairs); perturbation keeps them."""
 
 
 def special_ids_of(model: Any, special_ids: Sequence[int] | None) -> set[int]:
@@ -107,7 +109,10 @@ def item_views(
         kept = [i for i, t in enumerate(ids) if t in special or (keep_target and i == target)]
         cand = [i for i in range(len(ids)) if i not in set(kept)]
         order = torch.argsort(scores[cand], descending=True, stable=True).tolist()
-        views.append(ItemView(ids, scores, target, kept, [cand[o] for o in order]))
+        types = None
+        if attribution.token_types is not None:
+            types = attribution.token_types[b].cpu()[real].tolist()
+        views.append(ItemView(ids, scores, target, kept, [cand[o] for o in order], types))
     return views
 
 
@@ -118,23 +123,34 @@ def n_perturbed(fraction: float, n_candidates: int) -> int:
 
 def _perturb(
     view: ItemView, removed: set[int], encoder: bool, mask_id: int | None
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, list[int] | None]:
+    """(perturbed ids, target index, segment ids): encoders keep every position and segment."""
     if encoder:
         if mask_id is None:
             raise ValueError("Encoder perturbation needs tokenizer.mask_token_id ([MASK]).")
-        return [mask_id if i in removed else t for i, t in enumerate(view.ids)], view.target
+        ids = [mask_id if i in removed else t for i, t in enumerate(view.ids)]
+        return ids, view.target, view.types
     seq = [t for i, t in enumerate(view.ids) if i not in removed]
-    return seq, view.target - sum(1 for r in removed if r < view.target)
+    return seq, view.target - sum(1 for r in removed if r < view.target), None
 
 
 @dataclass
 class _Plan:
     seqs: list[list[int]] = field(default_factory=list)
     targets: list[int] = field(default_factory=list)
+    types: list[list[int] | None] = field(default_factory=list)
 
-    def add(self, seq: list[int], target: int) -> None:
+    def add(self, seq: list[int], target: int, types: list[int] | None = None) -> None:
         self.seqs.append(seq)
         self.targets.append(target)
+        self.types.append(types)
+
+    def token_types(self, side: str) -> Tensor | None:
+        """Segment ids padded like the sequences (0 at padding); ``None`` when no row has any."""
+        if all(t is None for t in self.types):
+            return None
+        rows = [t if t is not None else [0] * len(s) for t, s in zip(self.types, self.seqs)]
+        return pad_sequences(rows, 0, side)[0]
 
 
 def _run_plan(
@@ -158,7 +174,14 @@ def _run_plan(
         return torch.stack([value, top.indices.to(torch.float64), top.values], -1)
 
     res = head_outputs(
-        model, tokens, mask, positions, head=head, reduce=reduce, max_batch=max_batch
+        model,
+        tokens,
+        mask,
+        positions,
+        head=head,
+        reduce=reduce,
+        max_batch=max_batch,
+        token_types=plan.token_types("right" if encoder else "left"),
     ).cpu()
     return res[:, 0], res[:, 1].long(), res[:, 2]
 
@@ -175,7 +198,7 @@ def _references(
     """(label ids, value of the label on the full input, prediction on the full input)."""
     plan = _Plan()
     for v in views:
-        plan.add(list(v.ids), v.target)
+        plan.add(list(v.ids), v.target, v.types)
     labels = attribution.target.token_ids.cpu().long()
     value, pred, top = _run_plan(model, plan, head, max_batch, regression, labels)
     if label == "prediction" and not regression:

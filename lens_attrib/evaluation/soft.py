@@ -266,6 +266,7 @@ def soft_metrics(
     rows_item = torch.arange(len(plans)).repeat_interleave(n_rows)
     tokens = attribution.token_ids[rows_item]
     mask = attribution.mask[rows_item]
+    types = None if attribution.token_types is None else attribution.token_types[rows_item]
     positions = attribution.target.positions[rows_item]
     d_model = int(model.cfg.d_model)
     first_real = [int(torch.nonzero(attribution.mask[b]).min()) for b in range(len(plans))]
@@ -283,6 +284,7 @@ def soft_metrics(
             head=head,
             hooks=lambda rows: saving,
             max_batch=max_batch,
+            token_types=attribution.token_types,
         )
         patterns = {name: torch.cat(chunks) for name, chunks in store.items()}
 
@@ -319,7 +321,7 @@ def soft_metrics(
     # baseline rows come first in every item's block, so distances are computed after the fact
     # from a per-item stream to keep memory at one item's rows.
     dists = _distances_by_item(
-        model, tokens, mask, positions, hooks, reduce, n_rows, max_batch, head, distance
+        model, tokens, mask, positions, hooks, reduce, n_rows, max_batch, head, distance, types
     )
     return _assemble(
         plans,
@@ -351,8 +353,10 @@ def _distances_by_item(
     max_batch: int,
     head: Head | None,
     distance: str,
+    token_types: Tensor | None = None,
 ) -> Tensor:
-    """``[items, rows, 3]``: (Hellinger, ReAGent comprehensiveness distance, KL) to clean p."""
+    """``[items, rows, 3]``: (Hellinger, ReAGent comprehensiveness distance, KL) to clean p
+    (``token_types``: the rows' segment ids, kept under every perturbation)."""
     clean: dict[int, Tensor] = {}
 
     def to_dist(out: Tensor, rows: slice) -> Tensor:
@@ -377,7 +381,15 @@ def _distances_by_item(
         return res
 
     out = head_outputs(
-        model, tokens, mask, positions, head=head, reduce=to_dist, hooks=hooks, max_batch=max_batch
+        model,
+        tokens,
+        mask,
+        positions,
+        head=head,
+        reduce=to_dist,
+        hooks=hooks,
+        max_batch=max_batch,
+        token_types=token_types,
     )
     return out.reshape(-1, n_rows, 3)
 

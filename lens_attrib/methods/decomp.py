@@ -51,9 +51,12 @@ parts["bias"]`` is the explained logit (difference). Without a head (``Target(he
 The explained position ``t`` is the Target's (default: the last real token, ``[SEP]``, like
 ``alti`` and ``rollout``); BERT's pooler reads ``[CLS]``, so pass ``Target(..., position=0)`` to
 explain a pooler head as the authors do. Departures from the authors' code: the zero-origin slope
-is ``g(h)/h`` (theirs ``g(h)/(h + 10⁻¹²)``) and the absdot shares are ``w_s / Σ w`` (theirs
-``w_s / (Σ w + 10⁻¹²)``; a bias no token vector overlaps stays in ``⊥``), so that the
-decomposition sums to the real activations exactly (the fixture agrees to float32 rounding).
+is ``g(h)/h`` (theirs ``g(h)/(h + 10⁻¹²)``, also at the head's tanh) and the absdot shares are
+``w_s / Σ w`` (theirs ``w_s / (Σ w + 10⁻¹²)``, which drops the rest of the bias; a bias no token
+vector overlaps stays in ``⊥``), so that the decomposition sums to the real activations exactly
+(the fixture agrees to float32 rounding). ``eps=1e-12`` reproduces the authors' two stabilisers
+exactly (as ``l1_eps`` does for ALTI); the decomposition then misses the real activations by
+about ``eps`` relative.
 
 The decomposition needs ``O(T² · d)`` memory per item (``[pos, src, d_model]``) and
 ``O(T² · d · d_mlp)`` time per layer; the FFN runs in chunks of ``chunk_size`` rows. Items are
@@ -197,6 +200,18 @@ def row_normalize(mat: Tensor) -> Tensor:
 CHUNK_OPTION = Option(None, check=positive_int_or_none, help="query rows per chunk")
 
 
+def _eps_check(value: Any) -> str | None:
+    ok = isinstance(value, float | int) and not isinstance(value, bool) and 0 <= value < 1e-3
+    return None if ok else "a small number >= 0 (1e-12: the authors' stabilisers)"
+
+
+EPS_OPTION = Option(
+    0.0,
+    check=_eps_check,
+    help="0: exact; 1e-12: the authors' g(h)/(h+eps) and w/(Σw+eps), reproduced exactly",
+)
+
+
 @register(
     "globenc",
     parametrization=True,
@@ -261,9 +276,11 @@ def globenc(
 # --------------------------------------------------------------------------- DecompX
 @dataclass(frozen=True)
 class BiasRule:
-    """Where a bias added to a decomposition ``[rows, S, d]`` goes (slot ``S−1`` is ⊥)."""
+    """Where a bias added to a decomposition ``[rows, S, d]`` goes (slot ``S−1`` is ⊥), and the
+    authors' stabiliser ``eps`` (0: exact shares and slopes; 1e-12: the authors' code)."""
 
     mode: Biases
+    eps: float = 0.0
 
     def add(self, vectors: Tensor, bias: Tensor | None) -> Tensor:
         """Add ``bias`` (``[d]`` or ``[rows, d]``) to ⊥, then apply the rule."""
@@ -278,6 +295,10 @@ class BiasRule:
         bias = vectors[:, -1]
         weights = torch.einsum("isd,id->is", vectors[:, :-1], bias).abs()
         total = weights.sum(-1, keepdim=True)
+        if self.eps > 0:  # the authors': w_s / (Σ w + eps); the rest of the bias is dropped
+            vectors[:, :-1] += (weights / (total + self.eps))[..., None] * bias[:, None]
+            vectors[:, -1] = 0.0
+            return vectors
         moved = total > 0
         share = torch.where(moved, weights / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
         vectors[:, :-1] += share[..., None] * bias[:, None]
@@ -294,8 +315,11 @@ def layer_norm_split(vectors: Tensor, scale: Tensor, params: NormParams, rule: B
     return rule.add(out, params.bias)
 
 
-def zero_origin_slope(pre: Tensor, post: Tensor) -> Tensor:
-    """``θ = g(h)/h`` (the authors' "ZO" slope); where ``h = 0`` the value is 0 either way."""
+def zero_origin_slope(pre: Tensor, post: Tensor, eps: float = 0.0) -> Tensor:
+    """``θ = g(h)/h`` (the authors' "ZO" slope); where ``h = 0`` the value is 0 either way.
+    ``eps > 0``: ``g(h)/(h + eps)``, the authors' stabilised form."""
+    if eps > 0:
+        return post / (pre + eps)
     return torch.where(pre != 0, post / torch.where(pre != 0, pre, 1.0), 0.0)
 
 
@@ -414,7 +438,9 @@ def decompose_layer(
     attn = attn + vectors[rows]
     attn = rule.add(attn, w.b_o)
     ln1 = layer_norm_split(attn, acts.item(layer, "ln1_scale", b, idx)[rows], w.ln1, rule)
-    theta = zero_origin_slope(acts.item(layer, "pre", b, idx), acts.item(layer, "post", b, idx))
+    theta = zero_origin_slope(
+        acts.item(layer, "pre", b, idx), acts.item(layer, "post", b, idx), rule.eps
+    )
     theta = theta[rows]
     ffn = torch.empty_like(ln1)
     step = chunk_size or max(1, auto_chunk(n_src, w.w_in.shape[1]))
@@ -463,17 +489,27 @@ def head_layers(head: Any) -> list[nn.Module]:
 
 
 def through_head(
-    vectors: Float[Tensor, "src d_model"], modules: list[nn.Module], rule: BiasRule
+    vectors: Float[Tensor, "src d_model"],
+    modules: list[nn.Module],
+    rule: BiasRule,
+    real: Float[Tensor, "d_model"] | None = None,
 ) -> Float[Tensor, "src n_out"]:
-    """Push one row's decomposition through the head (linears exact, activations by ZO)."""
+    """Push one row's decomposition through the head (linears exact, activations by ZO).
+
+    ``real``: the row itself (the final residual at the explained position); each activation's
+    slope is then taken at the real pre-activation, as the authors' code does (with ``eps=0`` it
+    equals the decomposition's sum up to rounding)."""
     out = vectors[None]  # [1, S, d]: one "row" for the bias rule
+    row = None if real is None else real.to(out.dtype)[None]
     for m in modules:
         if isinstance(m, nn.Linear):
             out = out @ m.weight.T.to(out.dtype)
             out = rule.add(out, None if m.bias is None else m.bias.to(out.dtype))
         elif isinstance(m, ELEMENTWISE):
-            pre = out.sum(1)
-            out = out * zero_origin_slope(pre, m(pre))[:, None]
+            pre = out.sum(1) if row is None else row
+            out = out * zero_origin_slope(pre, m(pre), rule.eps)[:, None]
+        if row is not None:
+            row = m(row)
     return out[0]
 
 
@@ -491,10 +527,17 @@ def through_head(
             help="'absdot' (authors': biases onto tokens) or 'separate' (parts['bias'])",
         ),
         "chunk_size": CHUNK_OPTION,
+        "eps": EPS_OPTION,
     },
 )
 def decompx(
-    model: Any, batch: Batch, target: Target, *, biases: Biases, chunk_size: int | None
+    model: Any,
+    batch: Batch,
+    target: Target,
+    *,
+    biases: Biases,
+    chunk_size: int | None,
+    eps: float,
 ) -> MethodOutput:
     """DecompX (Modarressi et al. 2023): token decompositions propagated through every layer.
 
@@ -504,11 +547,12 @@ def decompx(
     ``scores[s] = C[s, y] − C[s, y']``; without a head ``scores[s] = ‖X_L[t, s]‖₂``. Options:
     ``biases`` ("absdot", the authors' default: each bias is spread over the tokens ∝
     ``|⟨vector, bias⟩|``; "separate": biases stay in one bias source reported in
-    ``parts["bias"]``), ``chunk_size`` (rows per chunk of the FFN). With a head,
-    ``scores.sum(-1) + parts["bias"] == parts["logit"]`` (the explained value).
+    ``parts["bias"]``), ``chunk_size`` (rows per chunk of the FFN), ``eps`` (0: exact; ``1e-12``
+    reproduces the authors' two stabilisers, ``g(h)/(h + eps)`` and ``w_s/(Σ w + eps)``). With a
+    head and ``eps=0``, ``scores.sum(-1) + parts["bias"] == parts["logit"]`` (the explained value).
     """
     modules = head_layers(target.head) if target.head is not None else None
-    rule = BiasRule(biases)
+    rule = BiasRule(biases, eps)
     result, acts = record(model, batch, target, mlp=True)
     positions = result.resolved.positions
     dtype = batch.arch.work_dtype
@@ -522,7 +566,8 @@ def decompx(
         if modules is None:
             contrib = torch.linalg.vector_norm(final, dim=-1)
         else:
-            per_class = through_head(final, modules, rule)
+            real = result.resid[b, positions[b]]
+            per_class = through_head(final, modules, rule, real)
             item = result.resolved.index(torch.tensor([b], device=positions.device))
             contrib = item.select_grid(per_class[None])[0]
         scores[b, idx] = contrib[:-1]
@@ -544,6 +589,7 @@ def decompx_layers(
     *,
     biases: Biases = "absdot",
     chunk_size: int | None = None,
+    eps: float = 0.0,
 ) -> tuple[Batch, list[ItemDecomposition]]:
     """Every layer's DecompX decomposition of every real row of every item (for inspection).
 
@@ -552,6 +598,7 @@ def decompx_layers(
     """
     Option("absdot", choices=BIAS_MODES).validate("decompx_layers", "biases", biases)
     CHUNK_OPTION.validate("decompx_layers", "chunk_size", chunk_size)
+    EPS_OPTION.validate("decompx_layers", "eps", eps)
     batch, target = prepare(model, inputs, None)
     with no_grad_context(model):
         _, acts = record(model, batch, target, mlp=True)
@@ -562,7 +609,7 @@ def decompx_layers(
                 b,
                 real_positions(batch, b),
                 None,
-                BiasRule(biases),
+                BiasRule(biases, eps),
                 chunk_size,
                 keep=True,
             )

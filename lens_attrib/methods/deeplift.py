@@ -8,7 +8,8 @@ scalar ``f``:
 
 where ``∂̃`` is the gradient in which every element-wise nonlinearity ``a = φ(h)`` passes the
 Rescale multiplier ``(φ(h) − φ(h₀))/(h − h₀)`` instead of ``φ'(h)``, ``h₀`` being its input on a
-reference forward pass of the baseline (see :mod:`lens_attrib.hooks.deeplift`). Norms, the
+reference forward pass of the baseline (see :mod:`lens_attrib.hooks.deeplift`), inside the
+model and inside a ``Target.head`` module (a classifier's pooler Tanh, …). Norms, the
 attention softmax and the products ``A·v``, ``q·k``, ``φ(gate)·up`` keep their gradient at the
 explained input, as in Captum's ``DeepLift`` (Ancona et al. 2018's gradient formulation).
 
@@ -36,6 +37,7 @@ from lens_attrib.forward import resid_of, run, target_rows
 from lens_attrib.hooks.deeplift import (
     ACTIVATIONS,
     RESCALE_EPS,
+    head_rescale,
     mlm_head_rescale,
     reference_hooks,
     rescale_applies,
@@ -134,7 +136,9 @@ def baselines_of(
     """The baseline of every embedding component (one embedding-only forward for the inputs)."""
     embeds: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[(n, _capture(embeds)) for n in names]):
-        embedding_forward(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+        embedding_forward(
+            model, batch.arch, batch.tokens, batch.mask, batch.padded, batch.token_types
+        )
     xs = [embeds[n] for n in names]
     keep = {"special": batch.special, True: sink_positions(batch), False: None}[keep_sink]
     return embedding_baselines(model, batch.arch, names, xs, baseline, keep)
@@ -196,10 +200,12 @@ def deeplift(
                the input away from zero, else the pad-token embedding; special tokens and the first
                real token keep their embedding and get no relevance).
     activations: ``"all"`` (default): the Rescale rule at every MLP activation (and the GELU of
-               BERT's MLM head), DeepLIFT as published. ``"captum"``: only at activations Captum
-               0.9 gives a rule (``nn.ReLU``); elsewhere the plain gradient, which equals Captum's
-               ``DeepLift`` (and Inseq's ``deeplift``) on GELU/SiLU models such as GPT-2, Llama,
-               Mistral or BERT, where it reduces to ``Σ_d (e − b) ∂f/∂e``.
+               BERT's MLM head, and every element-wise activation module of ``Target.head``),
+               DeepLIFT as published. ``"captum"``: only at activations Captum 0.9 gives a rule
+               (``nn.ReLU`` in the body; ``nn.ReLU``/``ELU``/``Sigmoid``/``Tanh`` modules of the
+               head, e.g. a sequence classifier's pooler Tanh); elsewhere the plain gradient,
+               which equals Captum's ``DeepLift`` (and Inseq's ``deeplift``) on GELU/SiLU models
+               such as GPT-2, Llama, Mistral or BERT (with its classifier head).
     eps:       below ``|h − h₀| < eps`` the multiplier is ``φ'(h)`` (Captum's default 1e-10).
 
     ``meta``: ``explained_value`` ``f(e)``, ``baseline_value`` ``f(b)``, ``relevance_sum``,
@@ -229,7 +235,10 @@ def deeplift(
     # the explained forward with Rescale multipliers, one backward pass
     head_patch = arch.encoder and xtarget.head is None and rescale_applies("gelu", activations)
     patches = rescale_hooks(model, reference, activations=activations, eps=eps)
-    with mlm_head_rescale(model, rows0 if head_patch else None, eps=eps):
+    with (
+        mlm_head_rescale(model, rows0 if head_patch else None, eps=eps),
+        head_rescale(xtarget.head, rows0, activations=activations, eps=eps),
+    ):
         grads_xs, grads, result = gradients_at(model, xbatch, xtarget, names, patches)
     assert result.value is not None
     deltas = [x - s for x, s in zip(grads_xs, starts)]

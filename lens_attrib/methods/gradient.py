@@ -341,6 +341,8 @@ def _item_batch(model: Any, batch: Batch, b: int, prepend: bool) -> tuple[Batch,
         str_tokens = [model.tokenizer.decode([sink]), *str_tokens]
     mask = torch.ones_like(tokens, dtype=torch.bool)
     item = Batch(tokens, mask, [str_tokens], special, batch.arch, batch.padding_side)
+    if batch.token_types is not None:  # encoders (no sink): the item's segment ids
+        item.token_types = batch.token_types[b, columns][None]
     return item, columns
 
 

@@ -173,7 +173,9 @@ def _embedding_norm_only(model: Any, batch: Batch, embeddings: str) -> Tensor:
     names = embedded_input_hooks(batch.arch, embeddings)
     store: list[Tensor] = []
     with model.hooks(fwd_hooks=[(n, lambda x, hook: store.append(x)) for n in names]):
-        embedding_forward(model, batch.arch, batch.tokens, batch.mask, batch.padded)
+        embedding_forward(
+            model, batch.arch, batch.tokens, batch.mask, batch.padded, batch.token_types
+        )
     return _sum_norm(store)
 
 

@@ -118,7 +118,8 @@ def _model_table(model: Any, batch: Batch, b: int, columns: Tensor) -> Tensor:
         mask_id = model.tokenizer.mask_token_id
         tokens[torch.arange(n), columns.to(tokens.device)] = mask_id
         masks = batch.mask[b][None].repeat(n, 1)
-        out = head_outputs(model, tokens, masks, columns, head=head)
+        types = None if batch.token_types is None else batch.token_types[b][None].repeat(n, 1)
+        out = head_outputs(model, tokens, masks, columns, head=head, token_types=types)
         return out.argmax(-1).cpu()
     resid = resid_of(model, batch.select([b]))[0]
     before = (columns - 1).clamp_min(0).to(resid.device)
@@ -193,6 +194,7 @@ def _predict(
     items = torch.cat([torch.full((len(rows),), b) for b, rows in parts])
     mask = batch.mask.cpu()[items]
     positions = resolved.positions.cpu()[items]
+    types = None if batch.token_types is None else batch.token_types.cpu()[items]
     out = head_outputs(
         model,
         tokens,
@@ -201,6 +203,7 @@ def _predict(
         head=head,
         reduce=lambda h, rows: reduce(h, items[rows]),
         max_batch=rows_per_forward,
+        token_types=types,
     )
     return list(torch.split(out.cpu(), [len(rows) for _, rows in parts]))
 

@@ -36,6 +36,7 @@ from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
 from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import grad_context, no_grad_context
+from lens_attrib.heads import with_model_head
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.target import ResolvedTarget, Target
 
@@ -216,6 +217,7 @@ def prepare(
     *,
     attention_mask: Any = None,
     prepend_bos: bool | None = None,
+    token_type_ids: Any = None,
 ) -> tuple[Batch, Target]:
     """Batch the inputs and default the target (generation becomes one row per step)."""
     if target is not None and not isinstance(target, Target):
@@ -224,8 +226,14 @@ def prepare(
             f"write Target({target!r}) for a token, and pass the method by name "
             "(method='...')."
         )
-    batch = to_batch(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
-    target = target or Target()
+    batch = to_batch(
+        model,
+        inputs,
+        prepend_bos=prepend_bos,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+    )
+    target = with_model_head(model, target or Target())
     if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
         from lens_attrib.methods.generation import generation_batch
 
@@ -326,6 +334,7 @@ def package(
         head_token_scores=cpu(head_token_scores),
         parts={k: v.detach().cpu() for k, v in out.parts.items()},
         meta=meta,
+        token_types=cpu(batch.token_types),
     )
 
 
@@ -428,6 +437,7 @@ def run_method(
     target: Target | None = None,
     *,
     attention_mask: Any = None,
+    token_type_ids: Any = None,
     **options: Any,
 ) -> Attribution:
     """Validate, prepare, guard, run ``spec.core``, check and package (module docstring)."""
@@ -437,7 +447,9 @@ def run_method(
     if spec.parametrization:
         warn_if_processed(model, arch)
     started = time.perf_counter()
-    batch, target = prepare(model, inputs, target, attention_mask=attention_mask)
+    batch, target = prepare(
+        model, inputs, target, attention_mask=attention_mask, token_type_ids=token_type_ids
+    )
     context = grad_context if spec.uses_gradient else no_grad_context
     try:
         with context(model):
@@ -476,18 +488,28 @@ def attribute(
     method: str = "grad_x_input",
     *,
     attention_mask: Any = None,
+    token_type_ids: Any = None,
     **options: Any,
 ) -> Attribution:
     """Explain ``target`` for ``inputs`` with the registered ``method``.
 
     ``inputs``: a prompt, a list of prompts, token ids (tensor, array or lists, with an optional
-    ``attention_mask``), or a tokenizer output; ``target``: a :class:`Target` (default: the
-    model's prediction at the last real token). Options go to the method (see ``METHODS[name]``).
+    ``attention_mask``), or a tokenizer output; for encoders also a sentence pair
+    ``(first, second)`` or a list of pairs. ``token_type_ids``: an encoder's segment ids in the
+    layout of the ids (a ``BatchEncoding``'s own are used when not given); ``target``: a
+    :class:`Target` (default: the model's prediction at the last real token). Options go to the
+    method (see ``METHODS[name]``).
     """
     if not isinstance(method, str) or method not in METHODS:
         raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
     return run_method(
-        METHODS[method], model, inputs, target, attention_mask=attention_mask, **options
+        METHODS[method],
+        model,
+        inputs,
+        target,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        **options,
     )
 
 
