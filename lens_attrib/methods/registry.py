@@ -36,7 +36,7 @@ from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
 from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import grad_context, no_grad_context
-from lens_attrib.inputs import Batch, to_batch
+from lens_attrib.inputs import Batch, StartTokenLike, start_token_meta, to_batch
 from lens_attrib.target import ResolvedTarget, Target
 
 
@@ -216,6 +216,7 @@ def prepare(
     *,
     attention_mask: Any = None,
     prepend_bos: bool | None = None,
+    start_token: StartTokenLike = None,
 ) -> tuple[Batch, Target]:
     """Batch the inputs and default the target (generation becomes one row per step)."""
     if target is not None and not isinstance(target, Target):
@@ -224,7 +225,13 @@ def prepare(
             f"write Target({target!r}) for a token, and pass the method by name "
             "(method='...')."
         )
-    batch = to_batch(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
+    batch = to_batch(
+        model,
+        inputs,
+        start_token=start_token,
+        prepend_bos=prepend_bos,
+        attention_mask=attention_mask,
+    )
     target = target or Target()
     if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
         from lens_attrib.methods.generation import generation_batch
@@ -304,6 +311,7 @@ def package(
     if not resolved.regression:
         meta["target_tokens"] = token_labels(model, target, resolved.token_ids)
         meta["foil_tokens"] = token_labels(model, target, resolved.foil_ids)
+    meta.update(start_token_meta(batch))  # per item, and the policy (inputs.start_token_of)
     meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
     if out.layer_scores is not None:
         meta["layers"] = (
@@ -371,6 +379,8 @@ def run_method(
     target: Target | None = None,
     *,
     attention_mask: Any = None,
+    start_token: StartTokenLike = None,
+    prepend_bos: bool | None = None,
     **options: Any,
 ) -> Attribution:
     """Validate, prepare, guard, run ``spec.core``, check and package (module docstring)."""
@@ -380,7 +390,14 @@ def run_method(
     if spec.parametrization:
         warn_if_processed(model, arch)
     started = time.perf_counter()
-    batch, target = prepare(model, inputs, target, attention_mask=attention_mask)
+    batch, target = prepare(
+        model,
+        inputs,
+        target,
+        attention_mask=attention_mask,
+        start_token=start_token,
+        prepend_bos=prepend_bos,
+    )
     context = grad_context if spec.uses_gradient else no_grad_context
     try:
         with context(model):
@@ -419,6 +436,8 @@ def attribute(
     method: str = "grad_x_input",
     *,
     attention_mask: Any = None,
+    start_token: StartTokenLike = None,
+    prepend_bos: bool | None = None,
     **options: Any,
 ) -> Attribution:
     """Explain ``target`` for ``inputs`` with the registered ``method``.
@@ -426,11 +445,26 @@ def attribute(
     ``inputs``: a prompt, a list of prompts, token ids (tensor, array or lists, with an optional
     ``attention_mask``), or a tokenizer output; ``target``: a :class:`Target` (default: the
     model's prediction at the last real token). Options go to the method (see ``METHODS[name]``).
+
+    Start token (:func:`lens_attrib.inputs.start_token_of`, the same for every entry point):
+    a decoder prompt given as text gets the tokenizer's BOS where the model's config prepends
+    one, else ``<|endoftext|>`` where the tokenizer has it (SmolLM2), so that the attention
+    sink is a token of its own and not the first word. ``start_token=`` chooses another special
+    token for this call (``False``: none; ``prepend_bos=`` is TransformerLens' flag); token ids
+    are used exactly as given. Positions count the start token (real token 0).
+    ``meta["start_token"]`` (per item) and ``meta["start_token_policy"]`` record what was used.
     """
     if not isinstance(method, str) or method not in METHODS:
         raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
     return run_method(
-        METHODS[method], model, inputs, target, attention_mask=attention_mask, **options
+        METHODS[method],
+        model,
+        inputs,
+        target,
+        attention_mask=attention_mask,
+        start_token=start_token,
+        prepend_bos=prepend_bos,
+        **options,
     )
 
 
