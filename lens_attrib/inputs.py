@@ -230,7 +230,7 @@ def to_batch(
     :func:`start_token_meta`).
     """
     if isinstance(inputs, Batch):
-        if start_token not in (None, False) or prepend_bos:
+        if (start_token is not None and start_token is not False) or prepend_bos:
             raise InputError(
                 "A Batch is already tokenized: its token ids are used as given. Build it with "
                 "to_batch(model, texts, start_token=...) instead of passing start_token here."
@@ -433,7 +433,7 @@ def default_start_token(model: Any) -> StartToken:
         return StartToken(int(bos), tokenizer.decode([int(bos)]), rule)
     if DOCUMENT_SEPARATOR in (getattr(tokenizer, "all_special_tokens", None) or []):
         ids = tokenizer(DOCUMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-        rule = "model default: the document separator (cfg.default_prepend_bos is False)"
+        rule = "model default: the document separator (the config prepends no BOS)"
         return StartToken(int(ids[0]), DOCUMENT_SEPARATOR, rule)
     return StartToken(None, None, "model default: no BOS and no document separator")
 

@@ -232,16 +232,20 @@ def test_smollm2_same_scores_through_every_door(smollm2, monkeypatch) -> None:
     seen: list[Any] = []
     real = runner.attribute
     monkeypatch.setattr(runner, "attribute", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
-    runner.evaluate(
-        smollm2, [item], ["alti_logit"], ["pointing_game"], contrastive=True, progress=False
+    result = runner.evaluate(
+        smollm2, [item], ["alti_logit"], ["pointing_game", "mrr"], contrastive=True, progress=False
     )
     monkeypatch.undo()
     data = agreement.prepare_items(smollm2, [item], n=1)
     assert data.evidence == [evidence] and data.prompts == [item.prompt]
     kept: dict[str, Any] = {}
-    agreement.unit_records(
+    records = agreement.unit_records(
         smollm2, "t", data.prompts, data.evidence, target, "alti_logit", "c", 0, 0, kept
     )
+    # the same metric values: <|endoftext|> (also SmolLM2's UNK) is special in both, not content
+    ours = {r["metric"]: r["value"] for r in result.records if r["method"] == "alti_logit"}
+    theirs = {r["metric"]: r["value"] for r in records if r["specials"] == "out"}
+    assert ours == {m: theirs[m] for m in ours}
     for other in (seen[0], kept["alti_logit"]):
         assert torch.equal(other.token_ids, direct.token_ids)
         assert close(other.scores, direct.scores, rel=1e-6)
@@ -254,6 +258,21 @@ def test_smollm2_same_scores_through_every_door(smollm2, monkeypatch) -> None:
     assert chat.str_tokens[0][0] == "<|im_start|>"
 
 
+def test_the_start_token_is_never_perturbed(smollm2) -> None:
+    """SmolLM2's UNK token is ``<|endoftext|>``, its start token: it stays special for the
+    perturbation metrics (an ordinary UNK word would not)."""
+    from lens_attrib.evaluation.faithfulness import item_views
+
+    assert smollm2.tokenizer.unk_token_id == 0 == start_token_of(smollm2).id
+    special = special_ids_of(smollm2, None)
+    assert 0 in special
+    attr = attribute(smollm2, "The keys to the", method="attention")
+    (view,) = item_views(attr, special)
+    assert 0 in view.kept and 0 not in view.ranked
+    bert = tiny_bert()
+    assert bert.tokenizer.unk_token_id not in special_ids_of(bert, None)  # [UNK] is a word
+
+
 # ---------------------------------------------------------------------------- overrides
 def test_per_call_overrides(model, smollm2) -> None:
     words = model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
@@ -263,6 +282,10 @@ def test_per_call_overrides(model, smollm2) -> None:
     assert to_batch(model, PROMPT, start_token=bos).tokens[0].tolist() == [bos, *words]
     assert to_batch(model, PROMPT, prepend_bos=True).tokens[0].tolist() == [bos, *words]
     assert to_batch(model, PROMPT, prepend_bos=False).tokens[0].tolist() == words
+    default = to_batch(smollm2, "The keys").tokens
+    assert torch.equal(to_batch(smollm2, "The keys", start_token=0).tokens, default)  # id 0
+    with pytest.raises(InputError, match="already tokenized"):
+        to_batch(smollm2, to_batch(smollm2, "The keys"), start_token=0)
     a = attribute(smollm2, "The keys", method="attention", start_token="<|im_start|>")
     assert a.tokens[0][0] == "<|im_start|>" and a.meta["start_token"] == ["<|im_start|>"]
     assert "(this call)" in a.meta["start_token_policy"]

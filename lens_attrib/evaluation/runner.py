@@ -318,8 +318,9 @@ def evaluate(
     Start token: every prompt gets the start token of :func:`lens_attrib.inputs.start_token_of`
     (the same as ``attribute`` and the experiments: ``<|endoftext|>`` on SmolLM2; ``start_token=``
     chooses another special token, ``False`` none), for the correctness check, the
-    explanations, the evidence positions and the metrics alike. ``config["start_token"]`` and
-    the manifest record the policy, every record the start token its item got.
+    explanations, the evidence positions and the metrics alike (an item's own
+    ``.evidence_positions`` must count it too: it is real token 0). ``config["start_token"]``
+    and the manifest record the policy, every record the start token its item got.
 
     ``method_options[name]`` go to the method; ``metric_options`` may hold ``"aopc"``,
     ``"curves"`` and ``"soft"`` option dicts for :func:`aopc`, :func:`insertion_deletion` and
