@@ -71,6 +71,7 @@ def measure(model: Any, item: Any, options: dict[str, Any]) -> dict[str, Any]:
             item.prompt,
             Target(token=item.target, foil=item.foil),
             method="integrated_gradients",
+            start_token=False,  # as measured: IG prepends <|endoftext|> itself ("special")
             **options,
         )
     seconds = time.perf_counter() - start

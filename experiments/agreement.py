@@ -48,8 +48,10 @@ so a method whose scores are constant over the real tokens scores what ``random`
 bootstrap 95% CI over items in the JSON/CSV summary (``ci_low``, ``ci_high``) and, with
 ``--ci``, in the table.
 Only items the model gets right are explained (``logit(target) > logit(foil)``; for qa the
-argmax). SmolLM2 does not prepend a BOS token, so by default ``<|endoftext|>`` is put in front of
-every prompt (``--no-bos`` turns this off) — that is what makes "special tokens in/out" differ.
+argmax). Prompts get the library's start token (:func:`lens_attrib.inputs.start_token_of`, the
+same as ``attribute`` and ``evaluate``: ``<|endoftext|>`` on SmolLM2, whose tokenizer adds none);
+``--start-token`` chooses another special token, ``--start-token none`` (or ``--no-bos``) none.
+The start token is what makes "special tokens in/out" differ.
 """
 
 from __future__ import annotations
@@ -73,10 +75,9 @@ from experiments.common import (
 )
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
-from lens_attrib.cli import add_methods_argument
+from lens_attrib.cli import add_methods_argument, add_start_token_argument
 from lens_attrib.data import (
     TaskItem,
-    evidence_token_positions,
     generate_anaphora,
     generate_sva,
     load_blimp,
@@ -84,10 +85,17 @@ from lens_attrib.data import (
     load_linzen_sva,
     load_squad_v2,
 )
+from lens_attrib.data.items import item_evidence_positions
 from lens_attrib.evaluation.plausibility import degenerate, plausibility
 from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.forward import head_outputs
-from lens_attrib.inputs import to_batch
+from lens_attrib.inputs import (
+    StartToken,
+    prompt_ids,
+    start_token_of,
+    start_token_setting,
+    to_batch,
+)
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
 DEFAULT_METHODS = "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random"
@@ -144,12 +152,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         "correctly predicted ones (default: --n); e.g. --n 100 --n-pool 200 explains 100",
     )
     add_resume_arguments(parser, "agreement", "task × batch × mode × method")
+    add_start_token_argument(parser)
     parser.add_argument(
         "--no-bos",
         action="store_true",
-        help="do not put <|endoftext|> (the BOS-like token) before each prompt",
+        help="no start token before the prompts (the same as --start-token none)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.no_bos:
+        args.start_token = False
+    return args
 
 
 # --------------------------------------------------------------------------------- items
@@ -164,16 +176,6 @@ class Prepared:
     n_total: int
     n_correct: int
     note: str = ""
-
-
-def bos_prefix(model: Any, enabled: bool) -> tuple[str, int]:
-    """The text put before each prompt and its number of tokens (``("", 0)`` when off)."""
-    if not enabled or bool(getattr(model.cfg, "default_prepend_bos", False)):
-        return "", 0
-    tok = model.tokenizer
-    special = set(tok.all_special_tokens or [])
-    text = "<|endoftext|>" if "<|endoftext|>" in special else (tok.bos_token or "")
-    return text, len(tok(text, add_special_tokens=False)["input_ids"]) if text else 0
 
 
 def data_task(path: str) -> str:
@@ -198,24 +200,17 @@ def task_items(
     raise KeyError(f"unknown task {task!r}; known: {', '.join(known)}, blimp:<UID>, --data FILE")
 
 
-def prepare_contrastive(
-    model: Any, items: Sequence[TaskItem], n: int, prefix: tuple[str, int]
-) -> Prepared:
+def prepare_contrastive(model: Any, items: Sequence[TaskItem], n: int) -> Prepared:
     """Single-token, correctly predicted items with foils and evidence (at most ``n``)."""
     total = len(items)
     items, _ = single_token_items(model, [it for it in items if it.evidence_words])
-    text = prefix[0]
-    shown = [dataclasses.replace(it, prompt=text + it.prompt) for it in items]
-    correct = contrastive_scores(model, shown).correct.tolist() if shown else []
-    kept = [(it, sh) for it, sh, ok in zip(items, shown, correct) if ok][:n]
+    correct = contrastive_scores(model, items).correct.tolist() if items else []
+    kept = [it for it, ok in zip(items, correct) if ok][:n]
     return Prepared(
-        prompts=[sh.prompt for _, sh in kept],
-        targets=[it.target for it, _ in kept],
-        foils=[it.foil for it, _ in kept],
-        evidence=[
-            evidence_token_positions(it, model.tokenizer, start_token=text or None)
-            for it, _ in kept
-        ],
+        prompts=[it.prompt for it in kept],
+        targets=[it.target for it in kept],
+        foils=[it.foil for it in kept],
+        evidence=[item_evidence_positions(model, it) for it in kept],
         n_total=len(items),
         n_correct=int(sum(correct)),
         note=f"{total - len(items)} without a single-token target/foil or evidence dropped"
@@ -224,39 +219,34 @@ def prepare_contrastive(
     )
 
 
-def prepare_plain(
-    model: Any, items: Sequence[TaskItem], n: int, prefix: tuple[str, int]
-) -> Prepared:
+def prepare_plain(model: Any, items: Sequence[TaskItem], n: int) -> Prepared:
     """Items without foils, kept where the single-token target is the model's prediction."""
     tok = model.tokenizer
-    text = prefix[0]
     rows = []
     for it in items:
         ids = tok(it.target, add_special_tokens=False)["input_ids"] if it.target else []
         if len(ids) == 1 and it.evidence_words:
             rows.append((it, int(ids[0])))
-    correct = predicted(model, [text + it.prompt for it, _ in rows], [a for _, a in rows])
+    correct = predicted(model, [it.prompt for it, _ in rows], [a for _, a in rows])
     kept = [r for r, ok in zip(rows, correct) if ok][:n]
     return Prepared(
-        prompts=[text + it.prompt for it, _ in kept],
+        prompts=[it.prompt for it, _ in kept],
         targets=[a for _, a in kept],
         foils=None,
-        evidence=[evidence_token_positions(it, tok, start_token=text or None) for it, _ in kept],
+        evidence=[item_evidence_positions(model, it) for it, _ in kept],
         n_total=len(rows),
         n_correct=int(sum(correct)),
         note="no foils: plain target only, kept where it is the model's top prediction",
     )
 
 
-def prepare_items(
-    model: Any, items: Sequence[TaskItem], n: int, prefix: tuple[str, int]
-) -> Prepared:
+def prepare_items(model: Any, items: Sequence[TaskItem], n: int) -> Prepared:
     """Contrastive when every item has a foil, plain when none has; mixed files are an error."""
     with_foil = [it.foil is not None for it in items]
     if all(with_foil):
-        return prepare_contrastive(model, items, n, prefix)
+        return prepare_contrastive(model, items, n)
     if not any(with_foil):
-        return prepare_plain(model, items, n, prefix)
+        return prepare_plain(model, items, n)
     raise ValueError(
         f"{with_foil.count(False)} of {len(items)} items have no foil; give every item a foil "
         "(contrastive and plain targets) or none (plain target only)"
@@ -273,40 +263,38 @@ def predicted(model: Any, prompts: Sequence[str], answers: Sequence[int]) -> lis
     return [int(p) == a for p, a in zip(logits.argmax(-1).tolist(), answers)]
 
 
-def answer_positions(
-    model: Any, prompt: str, spans: Sequence[tuple[int, int]], shift: int
-) -> list[int]:
-    """Token positions (in ``prefix + prompt``) overlapping the answer's character span."""
+def answer_positions(model: Any, prompt: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Token positions (in the model's input, its start token included) overlapping the
+    answer's character span."""
+    _, shift = prompt_ids(model, prompt, start_token_of(model))
     enc = model.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
     start, end = spans[0]
     return [i + shift for i, (s, e) in enumerate(enc["offset_mapping"]) if s < end and e > start]
 
 
-def prepare_qa(
-    model: Any, n: int, n_scored: int, seed: int, max_tokens: int, prefix: tuple[str, int]
-) -> Prepared:
-    """SQuAD v2 answerable questions the model answers with the gold answer's first token."""
-    text, shift = prefix
+def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int) -> Prepared:
+    """SQuAD v2 answerable questions the model answers with the gold answer's first token
+    (prompts of at most ``max_tokens`` tokens, the start token included)."""
     tok = model.tokenizer
+    start = start_token_of(model)
     pool = load_squad_v2(n=n_scored * 3, seed=seed)
     rows = []
     for it in pool:
-        ids = tok(it.prompt, add_special_tokens=False)["input_ids"]
-        if len(ids) + shift > max_tokens:
+        ids, _ = prompt_ids(model, it.prompt, start)
+        if len(ids) > max_tokens:
             continue
         answer = tok(" " + it.meta["answers"][0].strip(), add_special_tokens=False)["input_ids"]
         rows.append((it, int(answer[0])))
         if len(rows) >= n_scored:
             break
-    correct = predicted(model, [text + it.prompt for it, _ in rows], [a for _, a in rows])
+    correct = predicted(model, [it.prompt for it, _ in rows], [a for _, a in rows])
     kept = [r for r, ok in zip(rows, correct) if ok][:n]
     return Prepared(
-        prompts=[text + it.prompt for it, _ in kept],
+        prompts=[it.prompt for it, _ in kept],
         targets=[a for _, a in kept],
         foils=None,
         evidence=[
-            answer_positions(model, it.prompt, it.meta["prompt_char_spans"], shift)
-            for it, _ in kept
+            answer_positions(model, it.prompt, it.meta["prompt_char_spans"]) for it, _ in kept
         ],
         n_total=len(rows),
         n_correct=int(sum(correct)),
@@ -314,11 +302,10 @@ def prepare_qa(
     )
 
 
-def linzen_accuracy(model: Any, n: int, seed: int, prefix: tuple[str, int]) -> list[dict[str, Any]]:
+def linzen_accuracy(model: Any, n: int, seed: int) -> list[dict[str, Any]]:
     """Accuracy on the Linzen set by number of attractors (no evidence annotation there)."""
     items, _ = single_token_items(model, load_linzen_sva(n=n, seed=seed))
-    shown = [dataclasses.replace(it, prompt=prefix[0] + it.prompt) for it in items]
-    score = contrastive_scores(model, shown)
+    score = contrastive_scores(model, items)
     rows = []
     for k in sorted({it.meta["n_attractors"] for it in items}):
         sel = [i for i, it in enumerate(items) if it.meta["n_attractors"] == k]
@@ -349,7 +336,7 @@ def unit_records(
     """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
     tokens counted and excluded. ``kept``: receives the first item's Attribution (by method)."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
-    opts = {"seed": seed + first_item} if method == "random" else {}
+    opts: dict[str, Any] = {"seed": seed + first_item} if method == "random" else {}
     attr = attribute(model, list(prompts), target, method=method, **opts)
     if kept is not None:
         kept[method] = attr[0]
@@ -429,7 +416,7 @@ def score_task(
         )
         for method in methods:
             if method not in kept:
-                opts = {"seed": seed} if method == "random" else {}
+                opts: dict[str, Any] = {"seed": seed} if method == "random" else {}
                 kept[method] = attribute(model, data.prompts[:1], first, method=method, **opts)[0]
         examples += [kept[m] for m in methods]
     return records
@@ -522,6 +509,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     args = parse_args(argv)
     model = setup(args)
+    with start_token_setting(model, args.start_token) as start:
+        return run(args, model, start, started, argv)
+
+
+def run(
+    args: Any, model: Any, start: StartToken, started: float, argv: Sequence[str] | None
+) -> dict[str, Any]:
+    """The experiment on ``model`` under the start token ``start`` (see :func:`main`)."""
     random.seed(args.seed)
     data_files = {data_task(path): str(path) for path in args.data}
     if len(data_files) != len(args.data):
@@ -531,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     tasks += [t for t in data_files if t not in tasks]
     methods = parse_list(args.methods)
-    prefix = bos_prefix(model, not args.no_bos)
+    prefix = start.text or ""
     units = Units(
         args.out,
         "agreement",
@@ -541,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "n": args.n,
             "n_pool": args.n_pool or args.n,
             "batch_size": args.batch_size,
-            "prefix": prefix[0],
+            "prefix": prefix,
             "n_qa": args.n_qa,
             "qa_max_tokens": args.qa_max_tokens,
             "blimp_root": args.blimp_root,
@@ -559,14 +554,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     examples: list[Any] = []
     for task in tasks:
         if task == "linzen":
-            linzen = linzen_accuracy(model, args.n_linzen, args.seed, prefix)
+            linzen = linzen_accuracy(model, args.n_linzen, args.seed)
             continue
         if task == "qa":
-            data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens, prefix)
+            data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens)
         else:
             pool = args.n_pool or args.n
             items = task_items(task, pool, args.seed, data_files, args.blimp_root)
-            data = prepare_items(model, items, args.n, prefix)
+            data = prepare_items(model, items, args.n)
         counts[task] = {
             "n_scored": data.n_total,
             "n_correct": data.n_correct,
@@ -588,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     lines = [
         f"Ground-truth agreement on {args.model} (percent; C = contrastive target − foil, "
         f"NC = target logit; correctly predicted items only; special tokens excluded"
-        f"{', prompts start with ' + repr(prefix[0]) if prefix[0] else ''})"
+        f"{', prompts start with ' + repr(prefix) if prefix else ''})"
     ]
     for task in counts:
         lines += [
@@ -598,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{counts[task]['note']}".rstrip(),
             task_table(summary, task, methods, "out", ci=args.ci),
         ]
-    if prefix[0]:
+    if prefix:
         lines += ["", "Special tokens counted (specials in):"]
         for task in counts:
             lines += ["", f"[{task}]", task_table(summary, task, methods, "in", ci=args.ci)]
@@ -614,7 +609,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ]
     table = "\n".join(lines)
     print(table)
-    config = {**vars(args), "methods": methods, "tasks": tasks, "prefix": prefix[0]}
+    config = {**vars(args), "methods": methods, "tasks": tasks, "prefix": prefix}
+    config["start_token"] = start.describe()
     config["metric_ties"] = "expected (uniformly random tie-breaking)"
     paths = write_outputs(
         args.out,

@@ -39,9 +39,10 @@ from experiments.common import (
     write_outputs,
 )
 from lens_attrib import Attribution, Target, attribute
-from lens_attrib.data import evidence_token_positions, load_blimp
+from lens_attrib.data import item_evidence_positions, load_blimp
 from lens_attrib.evaluation.plausibility import plausibility
 from lens_attrib.evaluation.records import summarize as summarize_records
+from lens_attrib.inputs import start_token_of
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
 PARADIGMS = {
@@ -139,14 +140,11 @@ def score(
     ``examples``: when given and empty, receives each method's first item for the report."""
     collect = examples is not None and not examples
     special = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
-    prepend = bool(getattr(model.cfg, "default_prepend_bos", False))
     records: list[dict[str, Any]] = []
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         prompts = [it.prompt for it in chunk]
-        evidence = [
-            evidence_token_positions(it, model.tokenizer, prepend_bos=prepend) for it in chunk
-        ]
+        evidence = [item_evidence_positions(model, it) for it in chunk]
         for method in methods:
             attr, rows = layer_rows(
                 model,
@@ -289,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     paths = write_outputs(
         args.out,
         "blimp_alignment",
-        config={**vars(args)},
+        config={**vars(args), "start_token": start_token_of(model).describe()},
         summary=summary,
         records=records,
         table=table,

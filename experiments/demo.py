@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from lens_attrib import METHODS, Target, attribute, load_model
-from lens_attrib.data import GENERATORS, evidence_token_positions, load_blimp
+from lens_attrib.data import GENERATORS, item_evidence_positions, load_blimp
 from lens_attrib.report import (
     attribution_rows,
     ci_rows,
@@ -124,8 +124,7 @@ def ground_truth_records(
     """Pointing game and MRR of every method on ``items`` (evidence: the subject noun)."""
     from lens_attrib.evaluation import plausibility
 
-    prepend = bool(model.cfg.default_prepend_bos)
-    evidence = [evidence_token_positions(it, model.tokenizer, prepend_bos=prepend) for it in items]
+    evidence = [item_evidence_positions(model, it) for it in items]  # the start token included
     target = Target(token=[it.target for it in items], foil=[it.foil for it in items])
     records: list[dict[str, Any]] = []
     for name in methods:

@@ -38,7 +38,10 @@ Long runs resume: every finished unit (dataset × batch × method) is appended t
 ``<out>/faithfulness.records.jsonl`` (:mod:`experiments.resume`); after a kill the same command
 with ``--resume`` computes only what is missing, and processes with disjoint ``--methods`` may
 share one ``--out``.
-Special tokens are never perturbed; the decoder's last token is kept (the class is read there).
+Prompts get the library's start token (:func:`lens_attrib.inputs.start_token_of`: ``<|endoftext|>``
+before a plain SmolLM2 prompt; a chat-template prompt already starts with ``<|im_start|>``), the
+same in training the classifiers and in explaining them. Special tokens, the start token among
+them, are never perturbed; the decoder's last token is kept (the class is read there).
 
     python -m experiments.faithfulness --model smollm2-135m --datasets sst2 --n 2
     python -m experiments.faithfulness --model minilm-l6 --datasets sst2,stsb --n 2
@@ -77,7 +80,7 @@ from lens_attrib.evaluation import aopc, insertion_deletion, pearson_drop, soft_
 from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.guard import model_guard
-from lens_attrib.inputs import to_batch
+from lens_attrib.inputs import start_token_of, to_batch
 
 DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"
 LABELS = {
@@ -269,8 +272,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"skipped (do not apply to this architecture): {', '.join(skipped)}", flush=True)
     pis = [float(p) for p in parse_list(args.pis)]
     run = run_zero_shot if args.mode == "zero-shot" else run_classifiers
+    start = start_token_of(model).describe()
     units = Units(
-        args.out, "faithfulness", manifest(args), resume=args.resume, overwrite=args.overwrite
+        args.out,
+        "faithfulness",
+        {**manifest(args), "start_token": start},
+        resume=args.resume,
+        overwrite=args.overwrite,
     )
     records, accuracy, figs, examples, extra_rows = run(model, args, datasets, methods, pis, units)
     if units.reused:
@@ -281,7 +289,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     paths = write_outputs(
         args.out,
         "faithfulness",
-        config={**vars(args), "pis": pis, "methods": methods, "skipped_methods": skipped},
+        config={
+            **vars(args),
+            "pis": pis,
+            "methods": methods,
+            "skipped_methods": skipped,
+            "start_token": start,
+        },
         summary=summary,
         records=records,
         figures=figs,

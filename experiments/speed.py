@@ -30,6 +30,7 @@ from experiments.common import base_parser, format_table, parse_list, setup, wri
 from lens_attrib import Target, attribute
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.hooks.guard import model_guard
+from lens_attrib.inputs import start_token_of
 
 DEFAULT_METHODS = (
     "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,attention,normxlogit,"
@@ -53,16 +54,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
 
 # ------------------------------------------------------------------------------- inputs
 def token_inputs(model: Any, length: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
-    """``[batch, length]`` token ids of real text (IMDb reviews, concatenated), BOS first when
-    the model prepends one."""
+    """``[batch, length]`` token ids of real text (IMDb reviews, concatenated), each row
+    starting with the model's start token (:func:`lens_attrib.inputs.start_token_of`, as a text
+    prompt would; ``length`` counts it)."""
     from lens_attrib.data import load_imdb
 
     tok = model.tokenizer
     text = " ".join(it.prompt.replace("<br />", " ") for it in load_imdb(n=40, seed=seed))
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    if bool(getattr(model.cfg, "default_prepend_bos", False)) and tok.bos_token_id is not None:
-        ids = [int(tok.bos_token_id), *ids]
-    rows = [ids[i * 7 : i * 7 + length] for i in range(batch)]
+    start = start_token_of(model).id
+    first = [] if start is None else [start]
+    body = length - len(first)
+    rows = [first + ids[i * 7 : i * 7 + body] for i in range(batch)]
     if any(len(r) < length for r in rows):
         raise ValueError(f"not enough text for {batch} × {length} tokens")
     return torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
@@ -219,7 +222,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     paths = write_outputs(
         args.out,
         "speed",
-        config={**vars(args), "methods": methods, "lengths": lengths},
+        config={
+            **vars(args),
+            "methods": methods,
+            "lengths": lengths,
+            "start_token": start_token_of(model).describe(),
+        },
         summary=summary,
         figures=figs,
         table=table,

@@ -43,7 +43,10 @@ use, measured on the 2 shared CPU cores of this project's machines with other jo
 Reached (dev accuracy / Pearson r; linear head on the frozen model → fine-tuned, measured
 2026-11-25): ``minilm-l6-sst2`` 0.752 → 0.852 (goal 0.85), ``minilm-l6-stsb`` 0.491 → 0.759 on
 the held-out 30 % (goal 0.75), ``smollm2-135m-sst2`` 0.818 → 0.830 (goal 0.85; one epoch over
-6,000 phrases with 4 of 30 blocks tuned, the most this machine allowed).
+6,000 phrases with 4 of 30 blocks tuned, the most this machine allowed). The SmolLM2 scores
+were measured before the start-token policy (:func:`lens_attrib.inputs.start_token_of`), on
+prompts without ``<|endoftext|>``; the classifier is now trained and explained with it (a new
+cache entry, trained on first use).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from lens_attrib.heads import (
     save_head,
     score,
 )
+from lens_attrib.inputs import start_token_of
 from lens_attrib.target import Target
 
 SST2_LABELS = ("negative", "positive")
@@ -193,9 +197,17 @@ def task_data(
     raise ValueError(f"unknown task {spec.task!r}")
 
 
-def data_hash(model_name: str, inputs: Sequence[Any], targets: Tensor) -> str:
-    """SHA-256 of the model name, the training inputs and targets (the cache key)."""
-    payload = json.dumps([model_name, list(inputs), targets.tolist()], ensure_ascii=False)
+def data_hash(
+    model_name: str, inputs: Sequence[Any], targets: Tensor, start_token: str | None = None
+) -> str:
+    """SHA-256 of the model name, the training inputs and targets, and the start token text
+    prompts get (:func:`lens_attrib.inputs.start_token_of`; left out when there is none, e.g.
+    encoders): the cache key, so that a head trained under another start token is never
+    reused."""
+    parts: list[Any] = [model_name, list(inputs), targets.tolist()]
+    if start_token is not None:
+        parts.append({"start_token": start_token})
+    payload = json.dumps(parts, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -220,13 +232,14 @@ def train_or_load(
     dev data, save it there and return it with its metadata. The features are kept in
     ``folder/features.pt`` with the data hash, so that a re-fit does not recompute them."""
     path = Path(folder)
+    start = start_token_of(model).text
     if (path / "head.json").is_file():
         head, meta = load_head(path, model)
-        if meta.get("fit") == HEAD_FIT:
+        if meta.get("fit") == HEAD_FIT and meta.get("start_token") == start:
             return head, meta
-        # fitted by an earlier recipe: refit (from the cached features below)
+        # fitted by an earlier recipe or under another start token: refit (features below)
     name_of = model_name or str(getattr(model.cfg, "model_name", ""))
-    key = data_hash(name_of, train_inputs, train_targets)
+    key = data_hash(name_of, train_inputs, train_targets, start)
     started = time.perf_counter()
     cached = path / "features.pt"
     stored = torch.load(cached) if cached.is_file() else {}
@@ -259,6 +272,7 @@ def train_or_load(
         "dev_score": dev_score,
         "regression": regression,
         "position": feature_position(model),
+        "start_token": start,
         "feature_seconds": round(feature_seconds, 1),
         "train_seconds": round(time.perf_counter() - started, 1),
     }
@@ -278,6 +292,9 @@ def load_classifier(
     """A built-in classifier (module docstring): trained on first use, then loaded from the cache.
 
     ``model``: an already loaded base model (default: ``load_model(spec.model)``).
+    Text inputs get the model's start token (:func:`lens_attrib.inputs.start_token_of`:
+    ``<|endoftext|>`` on SmolLM2, none on MiniLM) in training, scoring and explanation alike; it
+    is part of the cache key and recorded in ``info.metadata["start_token"]``.
     ``n_train`` / ``n_dev``: fewer training / dev items than the built-in setting (quick checks
     and tests; a different training set is a different cache entry).
     """
@@ -290,7 +307,7 @@ def load_classifier(
         spec = replace(spec, n_train=n_train)
     model = model if model is not None else load_model(spec.model, device=device)
     inputs, targets, dev_inputs, dev_targets, about = task_data(model, spec, n_dev)
-    key = data_hash(spec.model, inputs, targets)
+    key = data_hash(spec.model, inputs, targets, start_token_of(model).text)
     dev_tag = "" if n_dev is None else f"-dev{n_dev}"
     folder = cache_root(cache_dir) / "classifiers" / f"{name}-{key[:12]}-s{spec.seed}{dev_tag}"
     regression = spec.task == "stsb"

@@ -104,12 +104,41 @@ def add_shard_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def start_token_choice(text: str) -> str | bool | None:
+    """``--start-token``: ``default`` -> ``None`` (the model's policy), ``none`` -> ``False``,
+    anything else -> that special token's text (checked against the tokenizer when used)."""
+    value = text.strip()
+    if not value:
+        raise argparse.ArgumentTypeError(
+            "--start-token needs a value: default, none, or a special token such as <|endoftext|>"
+        )
+    if value.lower() == "default":
+        return None
+    if value.lower() == "none":
+        return False
+    return value
+
+
+def add_start_token_argument(parser: argparse.ArgumentParser) -> None:
+    """``--start-token`` (see :func:`lens_attrib.inputs.start_token_of`)."""
+    parser.add_argument(
+        "--start-token",
+        type=start_token_choice,
+        default=None,
+        metavar="TOKEN",
+        help="start token before every text prompt: 'default' (the model's: the tokenizer's "
+        "BOS where the config prepends one, else <|endoftext|>), 'none', or a special token",
+    )
+
+
 __all__ = [
     "add_methods_argument",
     "add_shard_argument",
+    "add_start_token_argument",
     "batch_or_auto",
     "choice_list",
     "method_list",
     "positive_int",
     "shard",
+    "start_token_choice",
 ]

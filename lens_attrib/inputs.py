@@ -15,11 +15,18 @@ as the tokenizer's pair encoding ``[CLS] first [SEP] second [SEP]`` with its seg
 (``token_type_ids``: 0 for the first segment, 1 for the second), which the Batch carries into
 every forward. Segment ids can also be given explicitly (``token_type_ids=``) or come with a
 ``BatchEncoding``.
+
+Start token: decoder prompts given as text get the one start token of :func:`start_token_of`
+(the tokenizer's BOS where the model's config prepends one, else the document separator
+``<|endoftext|>`` where the tokenizer has it as a special token, e.g. SmolLM2), chosen per call
+with ``start_token=`` / ``prepend_bos=`` or per model with :func:`set_start_token`. Token ids
+are never changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,22 +159,8 @@ def str_tokens_of(model: Any, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
-def _encode(model: Any, text: str, prepend_bos: bool, encoder: bool) -> list[int]:
-    tokenizer = model.tokenizer
-    if tokenizer is None:
-        raise InputError("The model has no tokenizer: pass token ids instead of strings.")
-    if encoder:
-        return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if prepend_bos:
-        bos = tokenizer.bos_token_id
-        if bos is None:
-            raise InputError("prepend_bos=True but the tokenizer has no BOS token.")
-        ids = [int(bos), *ids]
-    return ids
-
-
 def default_prepend_bos(model: Any) -> bool:
+    """TransformerLens' ``cfg.default_prepend_bos`` (one input of :func:`start_token_of`)."""
     return bool(getattr(model.cfg, "default_prepend_bos", True))
 
 
@@ -233,6 +226,7 @@ def to_batch(
     model: Any,
     inputs: InputsLike,
     *,
+    start_token: StartTokenLike = None,
     prepend_bos: bool | None = None,
     attention_mask: Any = None,
     mask: Tensor | None = None,
@@ -240,17 +234,25 @@ def to_batch(
 ) -> Batch:
     """Tokenize and pad ``inputs`` for ``model`` (see the module docstring for the forms).
 
-    Strings get BOS when ``prepend_bos`` (default: ``model.cfg.default_prepend_bos``) for
-    decoders, and ``[CLS] … [SEP]`` for encoders. ``mask`` is an alias of ``attention_mask``.
+    Decoder strings get the start token of :func:`start_token_of` (the library's one policy:
+    the tokenizer's BOS where the config prepends one, else ``<|endoftext|>`` where it is a
+    special token; ``start_token=`` / ``prepend_bos=`` choose per call); encoder strings get
+    ``[CLS] … [SEP]``. Token ids are used exactly as given. ``mask`` is an alias of
+    ``attention_mask``. The policy is kept in ``extra["start_token"]`` (see
+    :func:`start_token_meta`).
     Encoders also take sentence pairs and segment ids (:func:`sentence_pairs`,
     :func:`token_type_rows`).
     """
     if isinstance(inputs, Batch):
+        if (start_token is not None and start_token is not False) or prepend_bos:
+            raise InputError(
+                "A Batch is already tokenized: its token ids are used as given. Build it with "
+                "to_batch(model, texts, start_token=...) instead of passing start_token here."
+            )
         return inputs
     arch = arch_of(model)
     encoder = arch.encoder
-    if prepend_bos is None:
-        prepend_bos = default_prepend_bos(model)
+    start = start_token_of(model, start_token, prepend_bos)
     attention_mask = attention_mask if attention_mask is not None else mask
     device = model.cfg.device
     n_ctx = arch.n_ctx
@@ -268,16 +270,18 @@ def to_batch(
 
     sequences: list[list[int]]
     texts: list[str] | None = None
+    added: list[int] = []
     if isinstance(inputs, str):
-        sequences = [_encode(model, inputs, prepend_bos, encoder)]
-        texts = [inputs]
+        ids, n_added = prompt_ids(model, inputs, start)
+        sequences, added, texts = [ids], [n_added], [inputs]
     elif isinstance(inputs, Tensor | np.ndarray):
         sequences = _sequences_from_ids(inputs, attention_mask)
     elif (
         isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs)
     ):
-        sequences = [_encode(model, x, prepend_bos, encoder) for x in inputs]  # type: ignore[arg-type]
         texts = list(inputs)  # type: ignore[arg-type]
+        encoded = [prompt_ids(model, x, start) for x in texts]
+        sequences, added = [ids for ids, _ in encoded], [n for _, n in encoded]
     elif isinstance(inputs, Sequence) and len(inputs) > 0:
         if attention_mask is not None:
             sequences = _sequences_from_ids(inputs, attention_mask)
@@ -300,9 +304,14 @@ def to_batch(
             "token ids, or a tokenizer output (BatchEncoding / dict with input_ids)."
         )
 
+    if texts is None and start.id is not None and (start_token is not None or prepend_bos):
+        raise InputError(
+            f"{start.describe()} was asked for, but the inputs are token ids, which are used "
+            f"exactly as given: put id {start.id} in front of each row yourself, or pass text."
+        )
     vocab = int(model.cfg.d_vocab)
     for i, seq in enumerate(sequences):
-        n_content = len(seq) - (1 if prepend_bos and not encoder and texts is not None else 0)
+        n_content = len(seq) - (added[i] if texts is not None else 0)
         if encoder and texts is not None:
             n_content = len(seq) - 2
         if n_content <= 0:
@@ -349,6 +358,7 @@ def to_batch(
         arch,
         padding_side=padding_side,
         token_types=None if types is None else padded_token_types(types, real).to(device),
+        extra={"start_token": start_token_record(start, texts is not None)},
     )
 
 
@@ -459,3 +469,261 @@ def padded_token_types(
     for i, row in enumerate(rows):
         types[i][real[i]] = torch.tensor(list(row), dtype=torch.long)
     return types
+
+
+# --------------------------------------------------------------------------- start token
+DOCUMENT_SEPARATOR = "<|endoftext|>"
+"""The document separator of GPT-2-style vocabularies: what a pretraining document follows."""
+
+_MODEL_SETTING = "lens_attrib_start_token"
+"""Attribute of a model that :func:`set_start_token` writes (copied with the model)."""
+
+StartTokenLike = str | int | bool | None
+"""A start-token choice: ``None`` (the default), ``False`` (none), a special token's text or id."""
+
+
+@dataclass(frozen=True)
+class StartToken:
+    """The start token that text prompts get in one call, and the rule that chose it.
+
+    ``id``/``text`` are ``None`` when no token is put in front of the text. ``rule`` says where
+    the choice came from (``"model default: …"``, ``"set_start_token"``, ``"start_token=… (this
+    call)"``, ``"prepend_bos=… (this call)"``, ``"encoder: …"``); :meth:`describe` is what
+    ``Attribution.meta["start_token_policy"]`` and the runner's manifest record.
+    """
+
+    id: int | None
+    text: str | None
+    rule: str
+
+    def describe(self) -> str:
+        return f"{self.text!r} ({self.rule})" if self.text is not None else f"none ({self.rule})"
+
+
+def _special_token_id(model: Any, value: str | int, where: str) -> int:
+    """``value`` (a token's text or id) as the id of one special token of the model's tokenizer."""
+    tokenizer = model.tokenizer
+    specials = sorted(_special_ids(tokenizer)) if tokenizer is not None else []
+    names = list(getattr(tokenizer, "all_special_tokens", None) or [])
+    if isinstance(value, str):
+        if tokenizer is None:
+            raise InputError(
+                f"{where}={value!r}: the model has no tokenizer to read it with; pass the token's "
+                "id, or put it in front of your token ids yourself."
+            )
+        ids = list(tokenizer(value, add_special_tokens=False)["input_ids"])
+        if len(ids) != 1 or int(ids[0]) not in specials:
+            raise InputError(
+                f"{where}={value!r} is not one special token of this tokenizer (it becomes ids "
+                f"{ids}); a start token must be a special token so that evaluations never "
+                f"perturb it and evidence never includes it. Choose one of {names}, or False "
+                "for none."
+            )
+        return int(ids[0])
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InputError(
+            f"{where}={value!r}: pass a special token's text (e.g. {names[:3]}) or id, False for "
+            "no start token, or None for the model's default."
+        )
+    if tokenizer is not None and int(value) not in specials:
+        raise InputError(
+            f"{where}={int(value)} is not the id of a special token of this tokenizer (special "
+            f"ids: {specials}); a start token must be special so that evaluations never "
+            "perturb it."
+        )
+    if not 0 <= int(value) < int(model.cfg.d_vocab):
+        raise InputError(
+            f"{where}={int(value)} is outside the vocabulary [0, {model.cfg.d_vocab})."
+        )
+    return int(value)
+
+
+def _start_token(model: Any, value: StartTokenLike, rule: str, where: str) -> StartToken:
+    if value is False:
+        return StartToken(None, None, rule)
+    if value is True:
+        raise InputError(
+            f"{where}=True does not say which token: name it (e.g. {where}='<|endoftext|>'), "
+            "or leave it None for the model's default, or pass False for none."
+        )
+    assert value is not None
+    token_id = _special_token_id(model, value, where)
+    text = model.tokenizer.decode([token_id]) if model.tokenizer is not None else f"<{token_id}>"
+    return StartToken(token_id, text, rule)
+
+
+def default_start_token(model: Any) -> StartToken:
+    """The default rule of :func:`start_token_of` (no per-call choice, no model setting)."""
+    if arch_of(model).encoder:
+        return StartToken(None, None, "encoder: the tokenizer's own [CLS] … [SEP]")
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        return StartToken(None, None, "model default: no tokenizer")
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if default_prepend_bos(model) and bos is not None:
+        rule = "model default: the tokenizer's BOS (cfg.default_prepend_bos)"
+        return StartToken(int(bos), tokenizer.decode([int(bos)]), rule)
+    if DOCUMENT_SEPARATOR in (getattr(tokenizer, "all_special_tokens", None) or []):
+        ids = tokenizer(DOCUMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+        rule = "model default: the document separator (the config prepends no BOS)"
+        return StartToken(int(ids[0]), DOCUMENT_SEPARATOR, rule)
+    return StartToken(None, None, "model default: no BOS and no document separator")
+
+
+def set_start_token(model: Any, token: StartTokenLike) -> None:
+    """Choose the start token of every later call on ``model`` (see :func:`start_token_of`).
+
+    ``token``: a special token's text or id, ``False`` for none, ``None`` to go back to the
+    default rule. Stored on the model (``model.lens_attrib_start_token``), so copies of the model
+    (e.g. a fine-tuned classifier) keep it; a per-call ``start_token=`` still wins.
+    """
+    if token is None:
+        model.__dict__.pop(_MODEL_SETTING, None)
+        return
+    if arch_of(model).encoder:
+        raise InputError(
+            f"set_start_token({token!r}) on an encoder: encoders get the tokenizer's own "
+            "[CLS] … [SEP] and no start token; the choice applies to decoders only."
+        )
+    chosen = _start_token(model, token, "set_start_token", "set_start_token")
+    model.__dict__[_MODEL_SETTING] = chosen.id if chosen.id is not None else False
+
+
+@contextlib.contextmanager
+def start_token_setting(model: Any, token: StartTokenLike) -> Iterator[StartToken]:
+    """Within the block, ``model``'s start token is ``token`` (:func:`set_start_token`); the
+    model's previous setting comes back afterwards, also on an exception. ``None`` changes
+    nothing. Yields the policy in force (what to record)."""
+    had = _MODEL_SETTING in model.__dict__
+    before = model.__dict__.get(_MODEL_SETTING)
+    try:
+        if token is not None:
+            set_start_token(model, token)
+        yield start_token_of(model)
+    finally:
+        if had:
+            model.__dict__[_MODEL_SETTING] = before
+        else:
+            model.__dict__.pop(_MODEL_SETTING, None)
+
+
+def start_token_of(
+    model: Any, start_token: StartTokenLike = None, prepend_bos: bool | None = None
+) -> StartToken:
+    """Which start token a text prompt gets for ``model``: the library's one policy.
+
+    Every entry point builds its inputs with :func:`to_batch`, which asks this function:
+    :func:`~lens_attrib.attribute`, :func:`~lens_attrib.evaluation.runner.evaluate` and its CLI,
+    the experiments, the evidence positions of data items
+    (:func:`~lens_attrib.data.item_evidence_positions`), the classifiers' training and
+    explanation, and Integrated Gradients' / DeepLIFT's attention sink
+    (:func:`~lens_attrib.methods.gradient.sink_token_id`).
+
+    Order of precedence:
+
+    1. this call: ``start_token=`` (a special token's text or id; ``False``: none) or
+       ``prepend_bos=`` (TransformerLens' flag: ``True`` the tokenizer's BOS, ``False`` none);
+    2. the model: :func:`set_start_token`;
+    3. the default rule:
+
+       - encoders: none; their tokenizer frames the text as ``[CLS] … [SEP]`` (BERT);
+       - decoders whose config prepends BOS (``cfg.default_prepend_bos``, TransformerLens'
+         default, e.g. GPT-2, Pythia, Llama): the tokenizer's BOS token;
+       - other decoders: the document separator ``<|endoftext|>`` when it is a special token of
+         their tokenizer (SmolLM2, whose BOS ``<|im_start|>`` is a chat marker, so that its
+         config does not prepend it);
+       - else none.
+
+    Why a start token by default: causal language models put most of each head's attention on
+    the first token of the context, the *attention sink* (Xiao et al. 2024, "Efficient streaming
+    language models with attention sinks"). Without a start token the first word becomes the
+    sink, and methods that follow attention (ALTI-Logit, rollout, attention, AttnLRP, Grad-ELLM)
+    give it the relevance of the sink. On 20 SmolLM2 subject–verb agreement items
+    (``generate_sva(40, seed=5)[:20]``, contrastive target) ALTI-Logit's largest relevance falls
+    on the first word for 10 items without a start token and for none with ``<|endoftext|>``,
+    and its pointing game drops from 95 % to 40 %. A prompt after the document separator is
+    also what pretraining saw.
+
+    A text whose first token is already a special token (the start token written into the
+    text, or a chat template's ``<|im_start|>``) gets nothing more. Token ids (tensors, lists,
+    tokenizer outputs) are never changed: they are used exactly as given (``meta`` still says
+    whether they begin with the start token). Positions count the start token: it is real
+    token 0, so ``Target(position=k)`` and evidence positions include it.
+    """
+    encoder = arch_of(model).encoder
+    if start_token is not None and prepend_bos is not None:
+        raise InputError(
+            f"start_token={start_token!r} and prepend_bos={prepend_bos!r} both given: pass one "
+            "(start_token names the token; prepend_bos=True is the tokenizer's BOS)."
+        )
+    if encoder and (start_token is not None or prepend_bos is not None):
+        given = f"start_token={start_token!r}" if start_token is not None else "prepend_bos"
+        raise InputError(
+            f"{given} on an encoder: encoders get the tokenizer's own [CLS] … [SEP] and no "
+            "start token; leave it None."
+        )
+    if start_token is not None:
+        return _start_token(
+            model, start_token, f"start_token={start_token!r} (this call)", "start_token"
+        )
+    if prepend_bos is not None:
+        rule = f"prepend_bos={bool(prepend_bos)} (this call)"
+        if not prepend_bos:
+            return StartToken(None, None, rule)
+        bos = getattr(model.tokenizer, "bos_token_id", None) if model.tokenizer else None
+        if bos is None:
+            raise InputError(
+                "prepend_bos=True but the tokenizer has no BOS token: name a start token "
+                "(start_token='<|endoftext|>') or pass prepend_bos=False."
+            )
+        return StartToken(int(bos), model.tokenizer.decode([int(bos)]), rule)
+    if _MODEL_SETTING in getattr(model, "__dict__", {}):
+        setting = model.__dict__[_MODEL_SETTING]
+        return _start_token(model, setting, "set_start_token", "set_start_token")
+    return default_start_token(model)
+
+
+def prompt_ids(model: Any, text: str, start: StartToken) -> tuple[list[int], int]:
+    """The token ids ``model`` sees for ``text`` under ``start``, and how many were put in front.
+
+    Decoders: the text without special tokens, ``start.id`` in front unless the text's first
+    token is already a special token (1 or 0 added). Encoders: the tokenizer's encoding with
+    its special tokens (``[CLS] … [SEP]``; 0 added by the policy).
+    """
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise InputError("The model has no tokenizer: pass token ids instead of strings.")
+    if arch_of(model).encoder:
+        return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]], 0
+    ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if start.id is None or (ids and ids[0] in _special_ids(tokenizer)):
+        return ids, 0
+    return [start.id, *ids], 1
+
+
+def start_token_record(start: StartToken, text: bool) -> dict[str, Any]:
+    """What :func:`to_batch` keeps in ``Batch.extra["start_token"]``."""
+    inputs = (
+        "text prompts (added unless the text begins with a special token)"
+        if text
+        else "token ids used as given"
+    )
+    return {"policy": start, "inputs": inputs}
+
+
+def start_token_meta(batch: Batch) -> dict[str, Any]:
+    """``meta`` entries of a batch built by :func:`to_batch`: ``start_token`` (per item, the
+    start token's text where the item's first real token is it, else ``None``) and
+    ``start_token_policy`` (the rule, and whether inputs were text or token ids)."""
+    info = batch.extra.get("start_token")
+    if info is None:
+        return {}
+    start: StartToken = info["policy"]
+    first = batch.tokens[torch.arange(batch.size), batch.first_real.clamp_max(batch.length - 1)]
+    per_item = [
+        start.text if start.id is not None and int(t) == start.id else None for t in first.tolist()
+    ]
+    return {
+        "start_token": per_item,
+        "start_token_policy": f"{start.describe()}; {info['inputs']}",
+    }

@@ -172,7 +172,13 @@ def test_smollm2_first_token_of_a_bos_less_anaphora_prompt(smollm2) -> None:
     target = Target(" herself", foil=" himself")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = attribute(smollm2, "Tamara thinks about", target, method="integrated_gradients")
+        a = attribute(
+            smollm2,
+            "Tamara thinks about",
+            target,
+            method="integrated_gradients",
+            start_token=False,  # a BOS-less prompt (the default puts <|endoftext|> in front)
+        )
     assert a.meta["prepended_sink"] == [True]
     assert a.tokens[0][0] == "Tam" and a.scores[0, 0] != 0
     delta = a.meta["explained_value"] - a.meta["baseline_value"]

@@ -2,7 +2,9 @@
 
 A :class:`TaskItem` is model-agnostic: its ``prompt`` is plain text and its evidence is given as
 *word* indices into ``prompt.split()``. :func:`evidence_token_positions` turns those into token
-positions for a particular (fast) tokenizer.
+positions for a particular (fast) tokenizer; :func:`item_evidence_positions` gives the positions
+in the very input the library builds for a model (its start token included, see
+:func:`lens_attrib.inputs.start_token_of`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = [
     "as_prompts",
     "evidence_spans",
     "evidence_token_positions",
+    "item_evidence_positions",
     "span_token_positions",
     "start_token_length",
     "word_spans",
@@ -229,3 +232,29 @@ def evidence_token_positions(
             start_token + item.prompt, [(s + n, e + n) for s, e in spans], tokenizer, shift
         )
     return span_token_positions(item.prompt, spans, tokenizer, shift)
+
+
+def item_evidence_positions(
+    model: Any,
+    item: TaskItem,
+    *,
+    start_token: Any = None,
+    prepend_bos: bool | None = None,
+) -> list[int]:
+    """Token positions of ``item``'s evidence in the input that ``model`` gets for
+    ``item.prompt`` from :func:`lens_attrib.inputs.to_batch` (and so from ``attribute``,
+    ``evaluate`` and the experiments), under the same start-token policy
+    (:func:`lens_attrib.inputs.start_token_of`; ``start_token=`` / ``prepend_bos=`` as there).
+
+    Decoders: shifted by 1 where the policy puts a start token in front of the text (never
+    evidence itself); a special token written into the prompt is never evidence either.
+    Encoders: shifted by 1 for ``[CLS]``. Positions refer to the unpadded sequence.
+    """
+    from lens_attrib.backend import arch_of
+    from lens_attrib.inputs import prompt_ids, start_token_of
+
+    start = start_token_of(model, start_token, prepend_bos)  # refuses one on an encoder
+    if arch_of(model).encoder:
+        return evidence_token_positions(item, model.tokenizer, offset=1)
+    _, added = prompt_ids(model, item.prompt, start)
+    return evidence_token_positions(item, model.tokenizer, offset=added)

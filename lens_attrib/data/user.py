@@ -6,10 +6,10 @@ Format, one item per JSONL line (or per CSV row, with the same column names):
 field              meaning
 =================  ========================================================================
 ``prompt``         text up to (not including) the predicted word, e.g. ``"The keys to the
-                   cabinet"``. Plain text: do not write a start token here — pass
-                   ``start_token=`` to :func:`~lens_attrib.data.evidence_token_positions`
-                   (or let the experiment add it), so that it is never merged with the first
-                   word.
+                   cabinet"``. Plain text: do not write a start token here — the library
+                   puts the model's start token in front (``<|endoftext|>`` on SmolLM2, see
+                   :func:`lens_attrib.inputs.start_token_of`), so that it is never merged with
+                   the first word.
 ``target``         the next word exactly as the model should predict it, with its leading
                    space, e.g. ``" are"``.
 ``foil``           optional: the contrastive wrong form, e.g. ``" is"`` (empty / null: none).
@@ -27,9 +27,11 @@ Example (``agreement.jsonl``)::
     {"prompt": "The author that the guards like", "target": " is", "foil": " are",
      "evidence_spans": [[4, 10]]}
 
-Items load model-agnostically; :func:`~lens_attrib.data.evidence_token_positions` maps the
-evidence to token positions for any fast tokenizer (every token overlapping an evidence word or
-span; special tokens excluded), with ``prepend_bos`` / ``start_token`` for the start token.
+Items load model-agnostically; :func:`~lens_attrib.data.item_evidence_positions` maps the
+evidence to token positions in the input a model gets (every token overlapping an evidence word
+or span; special tokens excluded; shifted by the start token of the same policy as
+``attribute`` and ``evaluate``). :func:`~lens_attrib.data.evidence_token_positions` does it for
+a bare fast tokenizer, with ``prepend_bos`` / ``start_token`` saying what precedes the text.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from torch import Tensor
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Head, arch_of
 from lens_attrib.forward import head_outputs
-from lens_attrib.inputs import pad_id_of
+from lens_attrib.inputs import pad_id_of, start_token_of
 
 DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -86,13 +86,17 @@ class ItemView:
 
 def special_ids_of(model: Any, special_ids: Sequence[int] | None) -> set[int]:
     """``special_ids``, or the tokenizer's ``all_special_ids`` without the UNK id (an unknown
-    word is content, not a BOS/CLS/SEP-like marker)."""
+    word is content, not a BOS/CLS/SEP-like marker) unless the UNK token is the model's start
+    token (:func:`lens_attrib.inputs.start_token_of`; SmolLM2's UNK is ``<|endoftext|>``): the
+    start token is never perturbed."""
     if special_ids is not None:
         return {int(i) for i in special_ids}
     tok = getattr(model, "tokenizer", None)
     ids = {int(i) for i in (getattr(tok, "all_special_ids", None) or [])}
     unk = getattr(tok, "unk_token_id", None)
-    return ids - ({int(unk)} if unk is not None else set())
+    if unk is None or int(unk) == start_token_of(model).id:
+        return ids
+    return ids - {int(unk)}
 
 
 def item_views(

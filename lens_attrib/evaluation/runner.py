@@ -58,10 +58,10 @@ import torch
 from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.backend import arch_of
 from lens_attrib.cli import (
     add_methods_argument,
     add_shard_argument,
+    add_start_token_argument,
     batch_or_auto,
     choice_list,
     positive_int,
@@ -80,7 +80,13 @@ from lens_attrib.evaluation.records import (
 )
 from lens_attrib.evaluation.soft import soft_metrics
 from lens_attrib.forward import head_outputs
-from lens_attrib.inputs import default_prepend_bos, to_batch
+from lens_attrib.inputs import (
+    StartToken,
+    StartTokenLike,
+    prompt_ids,
+    start_token_of,
+    to_batch,
+)
 from lens_attrib.methods import attribute
 from lens_attrib.target import Target
 
@@ -108,32 +114,35 @@ METRICS = (*PLAUSIBILITY_METRICS, *AOPC_METRICS, *CURVE_METRICS, *SOFT_METRICS)
 
 
 # --------------------------------------------------------------------------- items
-def _evidence(model: Any, item: Any) -> list[int]:
+def _evidence(model: Any, item: Any, start_token: StartTokenLike) -> list[int]:
+    """``item.evidence_positions`` as given, else its evidence words / spans in the model's
+    input under the run's start token (:func:`lens_attrib.data.item_evidence_positions`)."""
     if getattr(item, "evidence_positions", None) is not None:
         return [int(p) for p in item.evidence_positions]
     words = getattr(item, "evidence_words", None)
-    if not words:
+    spans = (getattr(item, "meta", None) or {}).get("evidence_spans")
+    if not words and not spans:
         return []
-    from lens_attrib.data import evidence_token_positions
+    from lens_attrib.data import item_evidence_positions
 
-    encoder = arch_of(model).encoder
-    return evidence_token_positions(
-        item,
-        model.tokenizer,
-        prepend_bos=(not encoder) and default_prepend_bos(model),
-        offset=1 if encoder else 0,
-    )
+    return item_evidence_positions(model, item, start_token=start_token)
+
+
+def _start_of(model: Any, prompt: str, start: StartToken) -> str | None:
+    """The start token ``prompt``'s model input begins with under ``start`` (or ``None``)."""
+    ids, _ = prompt_ids(model, prompt, start)
+    return start.text if start.id is not None and ids and ids[0] == start.id else None
 
 
 def _correctness(
-    model: Any, items: Sequence[Any], max_batch: int
+    model: Any, items: Sequence[Any], max_batch: int, start_token: StartTokenLike = None
 ) -> tuple[list[bool | None], list[str]]:
     """Per item: is the gold target preferred (over the foil, or as argmax); the prediction.
 
     The explained scalar of the gold Target (``logit(target) − logit(foil)``) comes from
     :meth:`ResolvedTarget.select`, like every method's.
     """
-    batch = to_batch(model, [it.prompt for it in items])
+    batch = to_batch(model, [it.prompt for it in items], start_token=start_token)
     logits = head_outputs(
         model, batch.tokens, batch.mask, batch.last_real, max_batch=max_batch
     ).cpu()
@@ -216,11 +225,14 @@ def _score(
     return out
 
 
-def _base(index: int, item: Any, prediction: str, correct: bool | None) -> dict[str, Any]:
+def _base(
+    index: int, item: Any, prediction: str, correct: bool | None, start: str | None
+) -> dict[str, Any]:
     return {
         "item": index,
         "task": getattr(item, "task", None),
         "prompt": item.prompt,
+        "start_token": start,
         "target": getattr(item, "target", None),
         "foil": getattr(item, "foil", None),
         "prediction": prediction,
@@ -228,11 +240,14 @@ def _base(index: int, item: Any, prediction: str, correct: bool | None) -> dict[
     }
 
 
-def token_lengths(model: Any, dataset: Sequence[Any]) -> list[int]:
-    """Every item's number of tokens as the model sees it (with BOS / CLS and SEP)."""
+def token_lengths(
+    model: Any, dataset: Sequence[Any], start_token: StartTokenLike = None
+) -> list[int]:
+    """Every item's number of tokens as the model sees it (with its start token / CLS and SEP)."""
     if not len(dataset):
         return []
-    return to_batch(model, [it.prompt for it in dataset]).lengths.tolist()
+    batch = to_batch(model, [it.prompt for it in dataset], start_token=start_token)
+    return batch.lengths.tolist()
 
 
 def data_hash(dataset: Sequence[Any]) -> str:
@@ -296,8 +311,16 @@ def evaluate(
     progress: bool = True,
     out: str | Path | None = None,
     overwrite: bool = False,
+    start_token: StartTokenLike = None,
 ) -> EvalResult:
     """Score ``methods`` × ``metrics`` on ``dataset`` (see the module doc).
+
+    Start token: every prompt gets the start token of :func:`lens_attrib.inputs.start_token_of`
+    (the same as ``attribute`` and the experiments: ``<|endoftext|>`` on SmolLM2; ``start_token=``
+    chooses another special token, ``False`` none), for the correctness check, the
+    explanations, the evidence positions and the metrics alike (an item's own
+    ``.evidence_positions`` must count it too: it is real token 0). ``config["start_token"]``
+    and the manifest record the policy, every record the start token its item got.
 
     ``method_options[name]`` go to the method; ``metric_options`` may hold ``"aopc"``,
     ``"curves"`` and ``"soft"`` option dicts for :func:`aopc`, :func:`insertion_deletion` and
@@ -330,7 +353,8 @@ def evaluate(
     rank = distributed.current()
     if shard is None and rank is not None:
         shard = rank.shard
-    chunks = plan_chunks(token_lengths(model, dataset), batch_size, shard)
+    start = start_token_of(model, start_token)
+    chunks = plan_chunks(token_lengths(model, dataset, start_token), batch_size, shard)
     method_options = method_options or {}
     auto = max_batch == "auto"
     metric_rows = 64 if auto else int(max_batch)
@@ -349,6 +373,7 @@ def evaluate(
         "seed": seed,
         "n_items": sum(len(c.items) for c in chunks),
         "model": getattr(model.cfg, "model_name", None),
+        "start_token": start.describe(),
     }
     journal = None
     if out is not None:
@@ -373,7 +398,7 @@ def evaluate(
     sizer = BatchSizer(batch_size, auto=auto)
     sink = _Sink(journal)
     show = progress and sys.stderr.isatty() and (rank is None or rank.is_main)
-    known = _correctness_pass(model, dataset, chunks, sizer, sink, metric_rows, show)
+    known = _correctness_pass(model, dataset, chunks, sizer, sink, metric_rows, show, start_token)
     for method in methods:
         done = journal.finished(method) if journal is not None else set()
         plan = [
@@ -396,6 +421,7 @@ def evaluate(
                 opts=opts,
                 special=special,
                 per_layer=per_layer,
+                start_token=start_token,
             )
 
         _run_plan(method, plan, sizer, sink, explain, show)
@@ -468,15 +494,18 @@ def _correctness_pass(
     sink: _Sink,
     max_batch: int,
     show: bool,
+    start_token: StartTokenLike = None,
 ) -> dict[int, tuple[str, bool | None]]:
     """Prediction and correctness of every planned item (from the journal where it has them)."""
     known = _known_correctness(sink.journal)
+    start = start_token_of(model, start_token)
 
     def correctness(sub: list[int]) -> list[dict[str, Any]]:
-        correct, predicted = _correctness(model, [dataset[i] for i in sub], max_batch)
+        items = [dataset[i] for i in sub]
+        correct, predicted = _correctness(model, items, max_batch, start_token)
         return [
             {
-                **_base(i, dataset[i], p, c),
+                **_base(i, dataset[i], p, c, _start_of(model, dataset[i].prompt, start)),
                 "method": "model",
                 "metric": "model_correct",
                 "layer": None,
@@ -522,18 +551,21 @@ def _explain_and_score(
     opts: dict[str, Any],
     special: list[int],
     per_layer: bool,
+    start_token: StartTokenLike = None,
 ) -> list[dict[str, Any]]:
     """The records of ``method`` × ``metrics`` on the items ``indices`` (one method call)."""
     items = [dataset[i] for i in indices]
-    base = [_base(i, it, *known[i]) for i, it in zip(indices, items)]
-    evidence = [_evidence(model, it) for it in items]
+    evidence = [_evidence(model, it, start_token) for it in items]
     attr = attribute(
         model,
         [it.prompt for it in items],
         _target(items, target, contrastive),
         method=method,
+        start_token=start_token,
         **method_options,
     )
+    starts = attr.meta["start_token"]
+    base = [_base(i, it, *known[i], s) for i, it, s in zip(indices, items, starts)]
     records = []
     for metric, layer, values in _score(model, attr, metrics, evidence, opts, special, per_layer):
         for b, v in zip(base, values.tolist()):
@@ -651,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         "--n-draws", type=int, default=15, help="Monte-Carlo draws of the soft metrics"
     )
     parser.add_argument("--seed", type=int, default=0, help="data and metric seed")
+    add_start_token_argument(parser)
     parser.add_argument(
         "--quiet",
         "--no-progress",
@@ -681,6 +714,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
             progress=not args.quiet,
             out=args.out,
             overwrite=args.overwrite,
+            start_token=args.start_token,
         )
     finally:
         if rank is not None:

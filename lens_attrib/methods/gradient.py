@@ -43,7 +43,7 @@ from lens_attrib.backend import (
     token_embedding_matrix,
 )
 from lens_attrib.forward import FwdHooks, available_memory, resid_of, run
-from lens_attrib.inputs import Batch
+from lens_attrib.inputs import Batch, start_token_of
 from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at, head_relevances
 from lens_attrib.methods.path_quadrature import adaptive_quadrature
 from lens_attrib.methods.registry import (
@@ -221,17 +221,21 @@ def sink_positions(batch: Batch) -> Tensor:
 def sink_token_id(model: Any) -> int:
     """The token prepended as attention sink to a decoder prompt without a leading special token.
 
-    The document separator ``<|endoftext|>`` where the vocabulary has one, else the tokenizer's
-    BOS, EOS or pad token. A raw prompt after a document separator is what pretraining saw; on
-    SmolLM2-135M-Instruct (whose BOS is the chat marker ``<|im_start|>``) 30 agreement and
-    anaphora items keep their behaviour after ``<|endoftext|>`` (median logit difference
-    target − foil 1.70, 77 % correct; without a sink 1.19, 80 %) but not after ``<|im_start|>``
-    (0.30, 60 %).
+    The model's start token (:func:`lens_attrib.inputs.start_token_of`, the policy every entry
+    point uses: the tokenizer's BOS where the config prepends one, else the document separator
+    ``<|endoftext|>``; :func:`~lens_attrib.inputs.set_start_token` included), else, for a model
+    whose policy adds none, the tokenizer's BOS, EOS or pad token. Text prompts already begin
+    with the start token, so the sink is prepended only to token ids (or a per-call
+    ``start_token=False``) that begin with a non-special token. A raw prompt after a document
+    separator is what pretraining saw; on SmolLM2-135M-Instruct (whose BOS is the chat marker
+    ``<|im_start|>``) 30 agreement and anaphora items keep their behaviour after
+    ``<|endoftext|>`` (median logit difference target − foil 1.70, 77 % correct; without a sink
+    1.19, 80 %) but not after ``<|im_start|>`` (0.30, 60 %).
     """
+    start = start_token_of(model)
+    if start.id is not None:
+        return start.id
     tokenizer = model.tokenizer
-    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
-    if "<|endoftext|>" in vocab:
-        return int(vocab["<|endoftext|>"])
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(tokenizer, name, None) if tokenizer is not None else None
         if value is not None:
@@ -565,8 +569,10 @@ def integrated_gradients(
     non-degenerate choice.
     keep_sink: which tokens keep their embedding (are not on the path, get no relevance) under a
                named baseline. ``"special"`` (default): the special tokens only (BOS/CLS/SEP), so
-               every real token is attributed; a decoder prompt without a leading special token
-               gets :func:`sink_token_id` prepended for the explanation, as attention sink fixed
+               every real token is attributed. Text prompts already begin with the model's start
+               token (:func:`lens_attrib.inputs.start_token_of`), which is then the sink; token
+               ids (or ``start_token=False``) without a leading special token get
+               :func:`sink_token_id` prepended for the explanation, as attention sink fixed
                along the path (``meta["prepended_sink"]`` per item; ``f`` is then the model's
                output on ``sink + prompt``, ``meta["input_value"]`` its output on the prompt as
                given); the returned scores cover the user's tokens only. ``True``: also the first

@@ -37,7 +37,7 @@ from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_sign
 from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import grad_context, no_grad_context
 from lens_attrib.heads import with_model_head
-from lens_attrib.inputs import Batch, to_batch
+from lens_attrib.inputs import Batch, StartTokenLike, start_token_meta, to_batch
 from lens_attrib.target import ResolvedTarget, Target
 
 
@@ -218,6 +218,7 @@ def prepare(
     attention_mask: Any = None,
     prepend_bos: bool | None = None,
     token_type_ids: Any = None,
+    start_token: StartTokenLike = None,
 ) -> tuple[Batch, Target]:
     """Batch the inputs and default the target (generation becomes one row per step)."""
     if target is not None and not isinstance(target, Target):
@@ -229,6 +230,7 @@ def prepare(
     batch = to_batch(
         model,
         inputs,
+        start_token=start_token,
         prepend_bos=prepend_bos,
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
@@ -312,6 +314,7 @@ def package(
     if not resolved.regression:
         meta["target_tokens"] = token_labels(model, target, resolved.token_ids)
         meta["foil_tokens"] = token_labels(model, target, resolved.foil_ids)
+    meta.update(start_token_meta(batch))  # per item, and the policy (inputs.start_token_of)
     meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
     if out.layer_scores is not None:
         meta["layers"] = (
@@ -438,6 +441,8 @@ def run_method(
     *,
     attention_mask: Any = None,
     token_type_ids: Any = None,
+    start_token: StartTokenLike = None,
+    prepend_bos: bool | None = None,
     **options: Any,
 ) -> Attribution:
     """Validate, prepare, guard, run ``spec.core``, check and package (module docstring)."""
@@ -448,7 +453,13 @@ def run_method(
         warn_if_processed(model, arch)
     started = time.perf_counter()
     batch, target = prepare(
-        model, inputs, target, attention_mask=attention_mask, token_type_ids=token_type_ids
+        model,
+        inputs,
+        target,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        start_token=start_token,
+        prepend_bos=prepend_bos,
     )
     context = grad_context if spec.uses_gradient else no_grad_context
     try:
@@ -489,6 +500,8 @@ def attribute(
     *,
     attention_mask: Any = None,
     token_type_ids: Any = None,
+    start_token: StartTokenLike = None,
+    prepend_bos: bool | None = None,
     **options: Any,
 ) -> Attribution:
     """Explain ``target`` for ``inputs`` with the registered ``method``.
@@ -499,6 +512,14 @@ def attribute(
     layout of the ids (a ``BatchEncoding``'s own are used when not given); ``target``: a
     :class:`Target` (default: the model's prediction at the last real token). Options go to the
     method (see ``METHODS[name]``).
+
+    Start token (:func:`lens_attrib.inputs.start_token_of`, the same for every entry point):
+    a decoder prompt given as text gets the tokenizer's BOS where the model's config prepends
+    one, else ``<|endoftext|>`` where the tokenizer has it (SmolLM2), so that the attention
+    sink is a token of its own and not the first word. ``start_token=`` chooses another special
+    token for this call (``False``: none; ``prepend_bos=`` is TransformerLens' flag); token ids
+    are used exactly as given. Positions count the start token (real token 0).
+    ``meta["start_token"]`` (per item) and ``meta["start_token_policy"]`` record what was used.
     """
     if not isinstance(method, str) or method not in METHODS:
         raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
@@ -509,6 +530,8 @@ def attribute(
         target,
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
+        start_token=start_token,
+        prepend_bos=prepend_bos,
         **options,
     )
 
