@@ -325,12 +325,17 @@ def saved_output_hook_points(model: nn.Module) -> list[nn.Module]:
     """
     from transformer_lens.components.mlps.mlp import MLP
 
+    named: dict[str, nn.Module] | None = getattr(model, "hook_dict", None)
+    if named is None:
+        named = {n: m for n, m in model.named_modules() if isinstance(m, HookPoint)}
+    relu = getattr(getattr(model, "cfg", None), "act_fn", None) == "relu"
     points: list[nn.Module] = []
-    for name, module in model.named_modules():
-        if isinstance(module, HookPoint) and name.rsplit(".", 1)[-1] == "hook_scale":
-            points.append(module)
-        elif isinstance(module, MLP) and getattr(module.cfg, "act_fn", None) == "relu":
-            points.append(module.hook_post)
+    for name, point in named.items():
+        if name.endswith("hook_scale"):
+            points.append(point)
+        elif relu and name.endswith("mlp.hook_post"):
+            if isinstance(model.get_submodule(name.rsplit(".", 1)[0]), MLP):
+                points.append(point)
     return points
 
 
@@ -345,14 +350,9 @@ class CopyingHookPoint(HookPoint):
     """
 
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        if (
-            isinstance(x, torch.Tensor)
-            and x.requires_grad
-            and torch.is_grad_enabled()
-            and has_hooks(self)
-        ):
+        if getattr(x, "requires_grad", False) and torch.is_grad_enabled() and has_hooks(self):
             x = x.clone()
-        return super().__call__(x, *args, **kwargs)
+        return nn.Module.__call__(self, x, *args, **kwargs)
 
 
 def protect_saved_outputs(model: nn.Module) -> list[nn.Module]:
