@@ -7,6 +7,10 @@ by exception, the guard restores: the set of hooks on every module (TransformerL
 handles and raw PyTorch hooks added inside are removed, the user's own hooks stay), each
 parameter's ``requires_grad`` and ``.grad`` (the very tensor object it had, or ``None``), the
 training mode of every module, and every parameter's dtype and device.
+
+Inside, a user hook may also edit in place a tensor that TransformerLens' own autograd graph keeps
+(a norm's ``hook_scale``; see :func:`lens_attrib.fastpath.protect_saved_outputs`): there hooks
+get a copy, so the edit acts like a clone-then-edit instead of breaking the backward pass.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from lens_attrib.fastpath import protect_saved_outputs, unprotect_saved_outputs
 
 _HOOK_DICTS = (
     "_forward_hooks",
@@ -98,6 +104,7 @@ def model_guard(model: nn.Module, *, eval_mode: bool = True) -> Iterator[nn.Modu
     On exit, even by exception: the model is restored exactly (see the module docstring).
     """
     snap = _snapshot(model)
+    protected = protect_saved_outputs(model)
     try:
         for param in model.parameters():
             param.requires_grad_(False)
@@ -105,6 +112,7 @@ def model_guard(model: nn.Module, *, eval_mode: bool = True) -> Iterator[nn.Modu
             model.eval()
         yield model
     finally:
+        unprotect_saved_outputs(protected)
         _restore(model, snap)
 
 

@@ -228,7 +228,7 @@ def forward_kwargs(
 
 
 def has_hooks(point: nn.Module) -> bool:
-    """Whether any forward or backward hook (its own or a global one) is on ``point``."""
+    """Whether any forward, forward-pre or backward hook (own or global) is on ``point``."""
     from torch.nn.modules import module as nn_module
 
     return bool(
@@ -236,6 +236,7 @@ def has_hooks(point: nn.Module) -> bool:
         or point._forward_pre_hooks
         or point._backward_hooks
         or nn_module._global_forward_hooks
+        or nn_module._global_forward_pre_hooks
         or nn_module._global_backward_hooks
     )
 

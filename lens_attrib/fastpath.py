@@ -56,6 +56,22 @@ pattern (attention baselines, ALTI, CP-LRP, fixed routing, ``run_with_cache``) g
 branch, bit-identical to TransformerLens, where every hook point fires with the same tensor as
 before (``hook_q/k/v``, ``hook_rot_q/k``, ``hook_attn_scores``, ``hook_pattern``, ``hook_z``); other
 configurations run TransformerLens' own ``forward``.
+
+Hooks that edit in place. A user hook may edit its tensor in place at any hook point
+(``z[:, :, h] = 0`` at ``hook_z``), with the result of a clone-then-edit hook, also through the
+backward pass. Autograd refuses such an edit ("modified by an inplace operation") wherever the
+edited tensor was saved for the backward before the hook ran. The fast path never hands a hook
+such a tensor: the fused kernel saves its output, so ``hook_z`` gets a copy of it whenever
+autograd records and ``hook_z`` has a hook (:func:`_fused_attention_output`); the lean softmax
+saves its output, so with a hook on ``hook_pattern`` the pattern is a tensor of its own (above);
+``q``, ``k``, ``v`` and the scores pass their hooks before anything saves them. TransformerLens
+itself hands two hook points a saved tensor (every norm's ``hook_scale`` and a ReLU MLP's
+``hook_post``, :func:`saved_output_hook_points`): :func:`enable_fast_forward` makes those
+:class:`CopyingHookPoint`s (and the model guard does so for the length of a call on any model),
+which copy only while a hook is on them and autograd records. Nothing is copied without hooks.
+Backward hooks that edit the *gradient* in place are outside this promise, as in PyTorch ("the
+hook should not modify its arguments"): where an addition hands the same gradient to both of its
+inputs (``hook_attn_out``, ``hook_mlp_out``, ``hook_embed``), such an edit reaches both.
 """
 
 from __future__ import annotations
@@ -68,6 +84,7 @@ import einops
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformer_lens.hook_points import HookPoint
 
 from lens_attrib.backend import has_hooks
 
@@ -260,6 +277,12 @@ def _fused_attention_output(
     (the kernel recomputes it), which at 512 tokens saves 270 MB on SmolLM2-135M and most of the
     attention's memory traffic. Same function as the eager path up to float rounding (``≈ 1e-7``
     relative in float32, ``1e-16`` in float64); fully masked rows (left padding) give 0, as there.
+
+    The kernel saves its output (and ``q``, ``k``, ``v``) for the backward. ``q``/``k``/``v``
+    have passed their hooks before the call; the output reaches ``hook_z`` after it, so when
+    autograd records and ``hook_z`` has any hook (forward, pre, backward or global), the hook gets
+    a copy (``[batch, pos, d_model]``-sized, nothing otherwise) and an in-place edit there is the
+    same as a clone-then-edit.
     """
     causal = (attn._attention_dir_override or attn.cfg.attention_dir) == "causal"
     k_ = einops.rearrange(k, "batch pos head d_head -> batch head pos d_head")
@@ -278,7 +301,81 @@ def _fused_attention_output(
         is_causal=causal and allowed is None,
         scale=1.0 / float(attn.attn_scale),
     )
+    if mixed.requires_grad and has_hooks(attn.hook_z):
+        # The kernel keeps its output for the backward, and ``hook_z`` hands a view of it to
+        # hooks that may edit it in place (``z[:, :, h] = 0``): give them a copy instead.
+        mixed = mixed.clone()
     return _output(attn, mixed.to(v.dtype))
+
+
+# --------------------------------------------------------------------- hooks that edit in place
+def saved_output_hook_points(model: nn.Module) -> list[nn.Module]:
+    """Hook points where TransformerLens 3.9 hands hooks a tensor autograd keeps for the backward.
+
+    A hook that edits its tensor in place there (``x.mul_(0.5)``, ``x[..., 0] = 0``) breaks
+    every backward pass with "modified by an inplace operation", on a plain TransformerLens model
+    too, because the operation that made the tensor saved its own output:
+
+    - every norm's ``hook_scale`` (LayerNorm, RMSNorm and their ``Pre`` forms): ``σ =
+      sqrt(mean(x²) + ε)``, and ``sqrt`` saves its result;
+    - ``mlp.hook_post`` of an ungated MLP with ``act_fn="relu"``: ``relu`` saves its result.
+
+    Every other hook point of a block gets a tensor that nothing has saved yet (later operations
+    save it only after its hooks ran), so edits there are already safe.
+    """
+    from transformer_lens.components.mlps.mlp import MLP
+
+    named: dict[str, nn.Module] | None = getattr(model, "hook_dict", None)
+    if named is None:
+        named = {n: m for n, m in model.named_modules() if isinstance(m, HookPoint)}
+    relu = getattr(getattr(model, "cfg", None), "act_fn", None) == "relu"
+    points: list[nn.Module] = []
+    for name, point in named.items():
+        if name.endswith("hook_scale"):
+            points.append(point)
+        elif relu and name.endswith("mlp.hook_post"):
+            if isinstance(model.get_submodule(name.rsplit(".", 1)[0]), MLP):
+                points.append(point)
+    return points
+
+
+class CopyingHookPoint(HookPoint):
+    """A ``HookPoint`` whose hooks get a copy of the tensor when autograd keeps the original.
+
+    Used at :func:`saved_output_hook_points` only. When autograd records through ``x`` and any
+    hook (forward, pre, backward or global) is on the point, the call proceeds with
+    ``x.clone()``: values and gradients are unchanged (a copy's backward is the identity), and a
+    hook that edits its tensor in place acts exactly like a clone-then-edit hook. Without hooks,
+    or without autograd, ``x`` itself goes through, as in ``HookPoint``.
+    """
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(x, "requires_grad", False) and torch.is_grad_enabled() and has_hooks(self):
+            x = x.clone()
+        return nn.Module.__call__(self, x, *args, **kwargs)
+
+
+def protect_saved_outputs(model: nn.Module) -> list[nn.Module]:
+    """Make in-place hook edits safe at :func:`saved_output_hook_points`; returns the points
+    changed here (those already protected are skipped), for :func:`unprotect_saved_outputs`.
+
+    Each such point becomes a :class:`CopyingHookPoint` (same object, same hooks and name; its
+    class is swapped), so that a ``[batch, pos, 1]``-sized copy (norms) is made only while a hook
+    is on the point and autograd records.
+    """
+    changed: list[nn.Module] = []
+    for point in saved_output_hook_points(model):
+        if type(point) is HookPoint:
+            point.__class__ = CopyingHookPoint
+            changed.append(point)
+    return changed
+
+
+def unprotect_saved_outputs(points: list[nn.Module]) -> None:
+    """Undo :func:`protect_saved_outputs` on ``points`` (the list it returned)."""
+    for point in points:
+        if type(point) is CopyingHookPoint:
+            point.__class__ = HookPoint  # type: ignore[assignment]
 
 
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -291,7 +388,9 @@ def enable_fast_forward(model: Any) -> Any:
     """Re-store ``model``'s matrices so that no forward copies a weight; returns ``model``.
 
     In place and idempotent. Outputs, hooks, gradients and ``state_dict`` are unchanged (see the
-    module docstring); parameters already in the fast layout are left alone.
+    module docstring); parameters already in the fast layout are left alone. Hook points where
+    TransformerLens hands hooks a tensor autograd saved become copying hook points
+    (:func:`protect_saved_outputs`), so that in-place hook edits work there too.
     """
     _check_model(model)
     with torch.no_grad():
@@ -303,11 +402,13 @@ def enable_fast_forward(model: Any) -> Any:
     for attn in _attention_modules(model):
         if _lean_supported(attn):
             attn.forward = types.MethodType(_lean_attention_forward, attn)
+    protect_saved_outputs(model)
     return model
 
 
 def disable_fast_forward(model: Any) -> Any:
-    """Give every re-laid parameter back its ordinary contiguous layout; returns ``model``."""
+    """Give every re-laid parameter back its ordinary contiguous layout, TransformerLens' own
+    attention forward and plain hook points; returns ``model``."""
     _check_model(model)
     with torch.no_grad():
         for param, _ in _relaid_parameters(model):
@@ -315,6 +416,7 @@ def disable_fast_forward(model: Any) -> Any:
                 param.data = param.detach().contiguous()
     for attn in _attention_modules(model):
         attn.__dict__.pop("forward", None)
+    unprotect_saved_outputs(saved_output_hook_points(model))
     return model
 
 

@@ -16,7 +16,12 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lens_attrib.fastpath import disable_fast_forward, enable_fast_forward, is_fast_forward
+from lens_attrib.fastpath import (
+    CopyingHookPoint,
+    disable_fast_forward,
+    enable_fast_forward,
+    is_fast_forward,
+)
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import attribute
@@ -184,6 +189,7 @@ def test_idempotent_and_disable_restores() -> None:
     assert not is_fast_forward(model)
     assert all(p.is_contiguous() for p in model.parameters())
     assert not any("forward" in m.__dict__ for m in model.modules())
+    assert not any(isinstance(m, CopyingHookPoint) for m in model.modules())
     with torch.no_grad():
         _close(model(tokens), before)
 
@@ -249,6 +255,66 @@ def test_attention_keeps_at_most_one_pattern_per_layer_for_the_backward() -> Non
     assert _saved_pattern_storages(slow, batch.tokens, batch.mask, []) == 2 * n_layers
     assert _saved_pattern_storages(fast, batch.tokens, batch.mask, SCORES_OBSERVED) == n_layers
     assert _saved_pattern_storages(fast, batch.tokens, batch.mask, []) == 0
+
+
+def test_a_hook_on_z_keeps_the_fused_branch() -> None:
+    """An (in-place) hook on ``hook_z`` gets a copy of the kernel's output; the attention stays
+    fused (no ``[batch, head, q, k]`` tensor kept), it does not fall back to the eager branch."""
+    fast = enable_fast_forward(tiny_llama(dtype=F64))
+    batch = to_batch(fast, PROMPTS)
+
+    def zero_head(z: torch.Tensor, hook: Any) -> torch.Tensor:
+        z[:, :, 0] = 0.0
+        return z
+
+    z_hooked = [(lambda name: name.endswith("hook_z"), zero_head)]
+    assert _saved_pattern_storages(fast, batch.tokens, batch.mask, z_hooked) == 0
+
+
+def _clones_per_forward(model: Any, tokens: torch.Tensor, hooked: str | None = None) -> int:
+    """``aten::clone`` calls in one differentiable forward (leaf at ``blocks.0.hook_resid_pre``)
+    minus the number of calls of the points whose name ends with ``hooked`` (observed by a hook)."""
+    calls = [0]
+
+    def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        return x.detach().requires_grad_(True)
+
+    def count(x: torch.Tensor, hook: Any) -> None:
+        calls[0] += 1
+
+    hooks: list[Any] = [("blocks.0.hook_resid_pre", leaf)]
+    if hooked is not None:
+        hooks.append((lambda name: name.endswith(hooked), count))
+    with model.hooks(fwd_hooks=hooks):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(tokens)
+    assert (calls[0] > 0) == (hooked is not None)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::clone") - calls[0]
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_copies_for_in_place_safety_only_with_hooks(name: str) -> None:
+    """The copies that make in-place hook edits safe are made only where a hook is: one per call
+    of a hooked ``hook_z`` (fused kernel output) or ``hook_scale`` (TransformerLens calls ``ln1``
+    once for each of q, k, v), none otherwise."""
+    fast = enable_fast_forward(BUILDERS[name](dtype=F64))
+    tokens = _tok(fast)[:1]
+    base = _clones_per_forward(fast, tokens)
+    assert _clones_per_forward(fast, tokens, "hook_z") == base
+    assert _clones_per_forward(fast, tokens, "hook_scale") == base
+    assert _clones_per_forward(fast, tokens, "hook_normalized") == base - _norm_calls(fast, tokens)
+
+
+def _norm_calls(model: Any, tokens: torch.Tensor) -> int:
+    """Calls of ``hook_normalized`` in one forward (no copies are made there)."""
+    seen = [0]
+
+    def count(x: torch.Tensor, hook: Any) -> None:
+        seen[0] += 1
+
+    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_normalized"), count)]):
+        model(tokens)
+    return seen[0]
 
 
 def _input_gradient(name: str, model: Any, padding_side: str, hooks: list[Any]) -> torch.Tensor:
