@@ -22,14 +22,19 @@ refreshes its clock), so the functions that do the work need no bar argument.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from tqdm.auto import tqdm
+if importlib.util.find_spec("ipywidgets") is not None:  # a widget in Jupyter
+    from tqdm.auto import tqdm
+else:  # text bars (tqdm.auto would warn "IProgress not found" in every notebook)
+    from tqdm.std import tqdm
 
 ENV_VAR = "LENS_ATTRIB_PROGRESS"
 DELAY = 3.0
@@ -110,8 +115,9 @@ class _Bar(tqdm):  # type: ignore[misc, valid-type]
         if n or self.disable:
             self.update(n)
             return
-        now = self._time()
-        if now - self.start_t >= self.delay and now - self.last_print_t >= self.mininterval:
+        now = time.time()  # tqdm's own clock (its _time)
+        last = float(getattr(self, "last_print_t", 0.0))
+        if now - self.start_t >= self.delay and now - last >= self.mininterval:
             self.refresh()
             self.last_print_t = now
 
