@@ -33,12 +33,8 @@ def ran(smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[st
 def test_stages_methods_and_gap_are_printed(ran: tuple[dict[str, Any], str]) -> None:
     printed = ran[1]
     stages = [line for line in printed.splitlines() if line.startswith("[") and " s] " in line]
-    assert [s.split(" s] ")[1].split(":")[0] for s in stages] == [
-        "Accuracy",
-        "One example, 3 methods",
-        "Ground truth",
-        "Report",
-    ]
+    assert [s.split(" s] ")[1].split(" ")[0] for s in stages] == ["Accuracy:", "3", "Report:"]
+    assert "3 methods on 2 subject–verb agreement items" in stages[1]
     times = [float(s[1:].split(" s, CPU")[0]) for s in stages]
     assert times == sorted(times)
     assert "[2/3] integrated_gradients" in printed
@@ -54,8 +50,8 @@ def test_the_gap_shown_is_the_gap_of_the_scores(ran: tuple[dict[str, Any], str])
         demo.completeness_gaps(ig).double(), independent.double(), rtol=1e-4, atol=1e-5
     )
     page = ran[0]["report"].read_text(encoding="utf-8")
-    assert page.count("n_steps=4 fixed Gauss–Legendre points") == 2  # example and table
-    assert "--ig-steps auto" in page
+    assert page.count("n_steps=4 fixed Gauss–Legendre points") == 1
+    assert "--ig-tolerance 0.01 --ig-max-steps 1024" in page
 
 
 def test_the_methods_grid_title_says_what_its_rows_explain(ran: tuple[dict[str, Any], str]) -> None:
