@@ -239,7 +239,6 @@ def ground_truth_records(
 
     prepend = bool(model.cfg.default_prepend_bos)
     evidence = [evidence_token_positions(it, model.tokenizer, prepend_bos=prepend) for it in items]
-    target = Target(token=[it.target for it in items], foil=[it.foil for it in items])
     records: list[dict[str, Any]] = []
     for k, name in enumerate(methods, 1):
         n = len(items) if n_slow is None or name not in SLOW_METHODS else min(n_slow, len(items))
@@ -247,7 +246,7 @@ def ground_truth_records(
             attr = attribute(
                 model,
                 [it.prompt for it in items[:n]],
-                target.with_(token=target.token[:n], foil=target.foil[:n]),
+                Target(token=[it.target for it in items[:n]], foil=[it.foil for it in items[:n]]),
                 method=name,
                 **method_options(name, ig_steps, **(ig_options or {})),
             )
