@@ -231,6 +231,15 @@ def method_grid(
     return fig
 
 
+def _to_numpy(values: Any) -> Any:
+    """A float64 numpy array of a tensor, array or sequence of numbers."""
+    import numpy as np
+
+    if hasattr(values, "detach"):
+        return values.detach().cpu().double().numpy()
+    return np.asarray([float(v) for v in values], dtype=np.float64)
+
+
 def _curve_mean(values: Any) -> Any:
     import numpy as np
 
@@ -288,7 +297,7 @@ def aopc_curves(results: Mapping[str, Any], title: str | None = None) -> go.Figu
         raise ValueError("aopc_curves needs at least one result.")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("comprehensiveness (↑)", "sufficiency (↓)"))
     for k, (label, res) in enumerate(results.items()):
-        fractions = list(res.fractions)
+        fractions = _to_numpy(res.fractions)  # tensors of 0-d tensors make plotly warn
         for col, curve in ((1, res.comprehensiveness_k), (2, res.sufficiency_k)):
             mean = _curve_mean(curve)
             fig.add_trace(
