@@ -96,6 +96,7 @@ from lens_attrib.inputs import (
     start_token_setting,
     to_batch,
 )
+from lens_attrib.progress import progress_bar
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
 DEFAULT_METHODS = "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random"
@@ -383,7 +384,8 @@ def score_task(
     items_id = fingerprint([data.prompts, data.targets, data.foils, data.evidence])
     modes = [("contrastive", True), ("plain", False)] if data.foils else [("plain", False)]
     records: list[dict[str, Any]] = []
-    for start in range(0, len(data.prompts), batch_size):
+    starts = range(0, len(data.prompts), batch_size)
+    for start in progress_bar(starts, desc=f"{task} batches", unit="batch"):
         sl = slice(start, start + batch_size)
         prompts, evidence = data.prompts[sl], data.evidence[sl]
         items = list(range(start, start + len(prompts)))

@@ -43,6 +43,7 @@ from lens_attrib.data import item_evidence_positions, load_blimp
 from lens_attrib.evaluation.plausibility import plausibility
 from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.inputs import start_token_of
+from lens_attrib.progress import progress_bar
 from lens_attrib.scoring import contrastive_scores, single_token_items
 
 PARADIGMS = {
@@ -141,7 +142,8 @@ def score(
     collect = examples is not None and not examples
     special = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     records: list[dict[str, Any]] = []
-    for start in range(0, len(items), batch_size):
+    starts = range(0, len(items), batch_size)
+    for start in progress_bar(starts, desc="batches", unit="batch"):
         chunk = items[start : start + batch_size]
         prompts = [it.prompt for it in chunk]
         evidence = [item_evidence_positions(model, it) for it in chunk]

@@ -17,7 +17,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,18 +64,15 @@ def get_model(name: str, device: str = "cpu") -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from lens_attrib import load_model
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _MODELS[key] = load_model(name, device=device)
+        _MODELS[key] = load_model(name, device=device)  # silences TransformerLens' notice
     return _MODELS[key]
 
 
 def setup(args: argparse.Namespace) -> Any:
-    """Threads, gradients on (methods need them), quiet deprecation warnings; the model."""
+    """Threads, gradients on (methods need them); the model."""
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(True)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
     return get_model(args.model, args.device)
 
 

@@ -81,6 +81,7 @@ from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import start_token_of, to_batch
+from lens_attrib.progress import progress_bar
 
 DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"
 LABELS = {
@@ -484,7 +485,8 @@ def run_classifiers(
         )
         clf_id = fingerprint([clf.info.name, clf.info.metadata])
         items_id = fingerprint([inputs, gold])
-        for start in range(0, len(inputs), args.batch_size):
+        starts = range(0, len(inputs), args.batch_size)
+        for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(inputs[sl])))
             for method in methods:
@@ -627,7 +629,8 @@ def run_zero_shot(
         )
         gold = [it.label for it in items]
         items_id = fingerprint([prompts, gold, pred])
-        for start in range(0, len(prompts), args.batch_size):
+        starts = range(0, len(prompts), args.batch_size)
+        for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(prompts[sl])))
             target = Target(token=[ids[p] for p in pred[sl]])

@@ -12,6 +12,7 @@ from lens_attrib.errors import InputError, ModelError, OptionError, TargetError
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.methods import METHODS, MethodSpec, attribute
 from lens_attrib.models import load_model
+from lens_attrib.progress import show_progress
 from lens_attrib.target import ResolvedTarget, Target
 from lens_attrib.verify import VerifyReport, verify
 
@@ -33,6 +34,7 @@ __all__ = [
     "load_classifier",
     "load_model",
     "save_attributions",
+    "show_progress",
     "to_batch",
     "verify",
 ]

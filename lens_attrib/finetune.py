@@ -35,6 +35,7 @@ from lens_attrib.backend import arch_of
 from lens_attrib.forward import resid_of, target_rows
 from lens_attrib.heads import LinearHead, feature_position, head_norm
 from lens_attrib.inputs import to_batch
+from lens_attrib.progress import progress_bar
 
 BLOCKS_FILE = "blocks.safetensors"
 LOG = logging.getLogger("lens_attrib.finetune")
@@ -118,7 +119,8 @@ def fine_tune(
     warmup = max(1, n_steps // 10)
     gen = torch.Generator().manual_seed(seed)
     step, losses = 0, []
-    with torch.inference_mode(False), torch.enable_grad():
+    bar = progress_bar(desc=f"fine-tune last {k} blocks", total=n_steps, unit="step")
+    with bar, torch.inference_mode(False), torch.enable_grad():
         for _ in range(epochs):
             order = torch.randperm(len(inputs), generator=gen).tolist()
             for start in range(0, len(order), batch_size):
@@ -136,6 +138,7 @@ def fine_tune(
                 optimiser.step()
                 losses.append(float(loss.detach()))
                 step += 1
+                bar.update()
                 if step % max(1, n_steps // 10) == 0 or step == n_steps:
                     recent = losses[-max(1, n_steps // 10) :]
                     LOG.info(

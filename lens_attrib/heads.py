@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from lens_attrib.backend import CLASS_HEAD, arch_of, attached_head, final_norm
 from lens_attrib.forward import no_grad_context, resid_of, target_rows
 from lens_attrib.inputs import to_batch
+from lens_attrib.progress import progress_bar
 from lens_attrib.target import Target
 
 WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2, 1e-1)
@@ -112,7 +113,8 @@ def residual_features(
     position = feature_position(model)
     rows: list[Tensor] = []
     with no_grad_context(model):
-        for start in range(0, len(inputs), batch_size):
+        starts = range(0, len(inputs), batch_size)
+        for start in progress_bar(starts, desc="features", unit="batch"):
             batch = to_batch(model, list(inputs[start : start + batch_size]))
             resid = resid_of(model, batch)
             pos = batch.last_real if position is None else batch.first_real + position

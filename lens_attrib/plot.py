@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-from lens_attrib.report import escape_token, explained_label
+from lens_attrib.report import escape_token, explained_label, is_target_free
 
 if TYPE_CHECKING:  # plot reads Attributions; it imports neither them nor methods at run time
     from lens_attrib.attribution import Attribution
@@ -23,6 +24,74 @@ def _explained_title(prefix: str, attribution: Attribution, item: int) -> str:
     import html
 
     return html.escape(prefix + explained_label(attribution, item))
+
+
+def _grid_title(named: Sequence[tuple[str, Attribution]], item: int) -> str:
+    """What the rows of a methods × tokens map explain: the target they share, with the
+    target-free rows named (or, when the targets differ, that they differ)."""
+    import html
+
+    free = [label for label, attr in named if is_target_free(attr)]
+    explained = sorted(
+        {explained_label(attr, item) for _, attr in named if not is_target_free(attr)}
+    )
+    if not explained:
+        title = "Methods × tokens, all target-free (the same for any target token)"
+    elif len(explained) == 1:
+        title = f"Methods × tokens → {explained[0]}"
+    else:
+        title = f"Methods × tokens → {len(explained)} different targets (hover a row to see it)"
+    if free and explained:
+        title += f"; target-free rows (the same for any target): {', '.join(free)}"
+    return html.escape(title)
+
+
+def _row_explains(attribution: Attribution, item: int) -> str:
+    import html
+
+    return html.escape("explains " + explained_label(attribution, item))
+
+
+# Heatmap sizes: every row gets ROW_PX; the colour bar is vertical beside the map when the map is
+# at least COLORBAR_PX tall, else horizontal below it (its length then follows the width).
+ROW_PX = 30
+COLORBAR_PX = 180
+TITLE_PX = 70
+HORIZONTAL_BAR_PX = 80
+"""Room below the map for a horizontal colour bar with its title and tick labels."""
+
+
+def _fit_heatmap(fig: go.Figure, n_rows: int, *, row_px: int, axis_px: int, title: str) -> None:
+    """Height from the content: ``n_rows · row_px`` of map, ``axis_px`` of x tick labels below it,
+    the title above, and a colour bar at least :data:`COLORBAR_PX` long (vertical, as tall as the
+    map) or, for short maps, horizontal below the map across most of its width."""
+    map_px = max(1, n_rows) * row_px
+    if map_px < COLORBAR_PX:  # plotly places a colour bar at most 2 map heights below the map
+        map_px = max(map_px, math.ceil((axis_px + 12) / 1.9))
+    if map_px >= COLORBAR_PX:
+        # just above the switch keep the horizontal layout's height, so that heights grow
+        # with the number of rows
+        bottom = axis_px + 20 + max(0, HORIZONTAL_BAR_PX - 20 - (map_px - COLORBAR_PX))
+        colorbar: dict[str, Any] = {"len": 1.0, "lenmode": "fraction", "thickness": 18}
+    else:
+        bottom = axis_px + HORIZONTAL_BAR_PX
+        colorbar = {
+            "orientation": "h",
+            "len": 0.8,
+            "lenmode": "fraction",
+            "thickness": 14,
+            "x": 0.5,
+            "xanchor": "center",
+            "y": -(axis_px + 12) / map_px,  # in map heights below its bottom edge
+            "yanchor": "top",
+            "title": {"side": "top"},
+        }
+    fig.update_traces(colorbar=colorbar, selector={"type": "heatmap"})
+    fig.update_layout(
+        title=title,
+        height=TITLE_PX + map_px + bottom,
+        margin={"t": TITLE_PX, "b": bottom, "l": 90, "r": 40},
+    )
 
 
 def _symmetric_range(values: Any) -> float:
@@ -68,10 +137,14 @@ def token_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
             hovertemplate="%{x}<br>relevance %{z:.4g}<extra></extra>",
         )
     )
-    fig.update_layout(
-        title=title or _explained_title(f"{attribution.method} → ", attribution, item),
-        height=220,
-        xaxis={"showticklabels": False},
+    fig.update_layout(xaxis={"showticklabels": False})
+    prefix = f"{attribution.method}: token relevance for "
+    _fit_heatmap(
+        fig,
+        1,
+        row_px=2 * ROW_PX,
+        axis_px=0,
+        title=title or _explained_title(prefix, attribution, item),
     )
     return _mark_segments(fig, attribution, item)
 
@@ -100,11 +173,14 @@ def layer_heatmap(attribution: Attribution, item: int = 0, title: str | None = N
             hovertemplate="%{y} %{x}<br>relevance %{z:.4g}<extra></extra>",
         )
     )
-    fig.update_layout(
-        title=title
-        or _explained_title(f"{attribution.method} per layer × token → ", attribution, item),
-        height=max(300, 18 * z.shape[0] + 140),
-        xaxis={"tickangle": -45},
+    fig.update_layout(xaxis={"tickangle": -45})
+    prefix = f"{attribution.method}, layer × token relevance for "
+    _fit_heatmap(
+        fig,
+        z.shape[0],
+        row_px=18,
+        axis_px=min(160, 20 + 5 * max((len(x) for x in _token_labels(tokens)), default=0)),
+        title=title or _explained_title(prefix, attribution, item),
     )
     return _mark_segments(fig, attribution, item)
 
@@ -161,16 +237,22 @@ def method_grid(
             colorbar={"title": {"text": bar}},
             text=[[escape_token(t) for t in tokens]] * len(named),
             texttemplate="%{text}",
-            hovertemplate="%{y} %{x}<br>relevance %{z:.3g}<extra></extra>",
+            customdata=[[_row_explains(a, item)] * len(tokens) for _, a in named],
+            hovertemplate="%{y} %{x}<br>%{customdata}<br>relevance %{z:.3g}<extra></extra>",
         )
     )
-    fig.update_layout(
-        title=title or _explained_title("Methods × tokens → ", named[0][1], item),
-        height=max(260, 32 * len(named) + 120),
-        xaxis={"showticklabels": False},
-        yaxis={"autorange": "reversed"},
-    )
+    fig.update_layout(xaxis={"showticklabels": False}, yaxis={"autorange": "reversed"})
+    _fit_heatmap(fig, len(named), row_px=ROW_PX, axis_px=0, title=title or _grid_title(named, item))
     return _mark_segments(fig, named[0][1], item)
+
+
+def _to_numpy(values: Any) -> Any:
+    """A float64 numpy array of a tensor, array or sequence of numbers."""
+    import numpy as np
+
+    if hasattr(values, "detach"):
+        return values.detach().cpu().double().numpy()
+    return np.asarray([float(v) for v in values], dtype=np.float64)
 
 
 def _curve_mean(values: Any) -> Any:
@@ -230,7 +312,7 @@ def aopc_curves(results: Mapping[str, Any], title: str | None = None) -> go.Figu
         raise ValueError("aopc_curves needs at least one result.")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("comprehensiveness (↑)", "sufficiency (↓)"))
     for k, (label, res) in enumerate(results.items()):
-        fractions = list(res.fractions)
+        fractions = _to_numpy(res.fractions)  # tensors of 0-d tensors make plotly warn
         for col, curve in ((1, res.comprehensiveness_k), (2, res.sufficiency_k)):
             mean = _curve_mean(curve)
             fig.add_trace(

@@ -45,7 +45,6 @@ import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.errors import TargetError
@@ -54,6 +53,7 @@ from lens_attrib.hooks.guard import model_guard
 from lens_attrib.hooks.masking import item_head_mask_hooks
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.methods import METHODS, attribute
+from lens_attrib.progress import progress_bar
 from lens_attrib.target import ResolvedTarget, Target, default_head
 
 POOLINGS: dict[str, str] = {
@@ -220,7 +220,7 @@ def head_relevance(
     sums = {p: torch.zeros((), dtype=torch.float64) for p in poolings}
     count = 0
     pairs = list(zip(task.batches, task.targets()))
-    for batch, target in tqdm(pairs, desc=f"relevance {method}", disable=not progress):
+    for batch, target in progress_bar(pairs, desc=f"relevance {method}", enabled=progress):
         if not contrastive:
             target = target.with_(foil=None)
         attr = attribute(model, batch, target, method=method, **opts)
@@ -540,7 +540,7 @@ def run_pruning(
         for _, o, _ in plans
         for k in points
     }
-    with tqdm(total=len(sets), desc="pruning masks", disable=not progress) as bar:
+    with progress_bar(desc="pruning masks", total=len(sets), enabled=progress) as bar:
         evaluator.evaluate_many(list(sets.values()), bar=bar)
     curves = [
         curve_for_order(evaluator, order, label=label, step=step, max_pruned=max_pruned, **info)

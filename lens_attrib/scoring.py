@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lens_attrib.forward import no_grad_context, resid_of
 from lens_attrib.inputs import to_batch
+from lens_attrib.progress import progress_bar
 from lens_attrib.target import Target
 
 
@@ -42,7 +42,7 @@ def contrastive_scores(
     diffs: list[Tensor] = []
     chunks = range(0, len(items), batch_size)
     with no_grad_context(model), model.hooks(fwd_hooks=list(fwd_hooks)):
-        for start in tqdm(chunks, disable=not progress, desc="scoring"):
+        for start in progress_bar(chunks, desc="scoring", enabled=progress):
             chunk = items[start : start + batch_size]
             batch = to_batch(model, [it.prompt for it in chunk])
             target = Target(token=[it.target for it in chunk], foil=[it.foil for it in chunk])

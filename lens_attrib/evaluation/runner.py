@@ -48,14 +48,12 @@ import importlib.metadata
 import json
 import logging
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from tqdm.auto import tqdm
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.cli import (
@@ -88,6 +86,7 @@ from lens_attrib.inputs import (
     to_batch,
 )
 from lens_attrib.methods import attribute
+from lens_attrib.progress import progress_bar
 from lens_attrib.target import Target
 
 AOPC_METRICS = {
@@ -397,7 +396,7 @@ def evaluate(
     explained = (True,) if only_correct else (True, False, None)  # by correctness
     sizer = BatchSizer(batch_size, auto=auto)
     sink = _Sink(journal)
-    show = progress and sys.stderr.isatty() and (rank is None or rank.is_main)
+    show = progress and (rank is None or rank.is_main)  # and lens_attrib.progress's switch
     known = _correctness_pass(model, dataset, chunks, sizer, sink, metric_rows, show, start_token)
     for method in methods:
         done = journal.finished(method) if journal is not None else set()
@@ -479,7 +478,7 @@ def _run_plan(
 ) -> None:
     """Run ``work`` on every chunk's items in sub-batches; each finished one goes to ``sink``."""
     total = sum(len(items) for _, items in plan)
-    with tqdm(total=total, desc=method, unit="item", disable=not show) as bar:
+    with progress_bar(desc=method, total=total, unit="item", enabled=show) as bar:
         for chunk, items in plan:
             for sub, records, size in sizer.run(method, chunk.bucket, items, work):
                 sink.put(method, sub, records, size, chunk.bucket)
@@ -689,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         "--no-progress",
         dest="quiet",
         action="store_true",
-        help="no progress bars and no log lines (bars are also off when stderr is not a tty)",
+        help="no progress bars and no log lines (bars alone: LENS_ATTRIB_PROGRESS=0)",
     )
     args = parser.parse_args(argv)
     if not args.quiet:

@@ -79,6 +79,7 @@ from lens_attrib.methods.registry import (
     prepare,
     register,
 )
+from lens_attrib.progress import advance, progress_bar
 from lens_attrib.target import ResolvedTarget, Target, TargetError
 
 #: Where the affine term ``α_ij θ_V W_O`` of the attention output goes (see the module docstring).
@@ -226,6 +227,7 @@ class AltiCache:
                     l1_eps=self.l1_eps,
                 )
             )
+            advance()
         return torch.stack(mats)
 
     def encoder_mixing(self, layer: int, normalized: Tensor) -> Tensor:
@@ -260,6 +262,7 @@ class AltiCache:
                     l1_eps=self.l1_eps,
                 )
             )
+            advance()
         return torch.stack(mats)
 
 
@@ -287,7 +290,9 @@ def run_alti_forward(
     cache.z_hooked = {
         layer for layer in range(batch.arch.n_layers) if user_hooked(model, hook_name("z", layer))
     }
-    result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
+    matrices = len(mixing_layers) * batch.size
+    with progress_bar(desc="alti", total=matrices, unit="matrix"):  # advanced per item and layer
+        result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
     return result, cache
 
 

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from lens_attrib.backend import value_weights
 from lens_attrib.methods.propagation import trace_rows
+from lens_attrib.progress import advance
 
 #: Default budget (elements; ~16 MB in float32, small enough to stay in cache) of one chunk
 #: of transformed vectors ``[j, rows, d_model]``.
@@ -218,6 +219,7 @@ def mixing_matrix(
         )
         dist = torch.linalg.vector_norm(t, ord=1, dim=-1)  # ‖T_i(x_j) − y_i + ε‖₁, [j, i]
         out[rows, :n_src] = torch.clamp(y_norm[rows][:, None] - dist.T, min=0.0)
+        advance(0)  # refresh the open bar's clock (long items: seconds per chunk)
     if causal:
         later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
         later[n_rows:] = False

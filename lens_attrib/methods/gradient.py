@@ -54,6 +54,7 @@ from lens_attrib.methods.registry import (
     positive_int_or_none,
     register,
 )
+from lens_attrib.progress import advance, progress_bar
 from lens_attrib.target import ResolvedTarget, Target
 
 EMBEDDING_OPTION = Option("full", choices=EMBEDDINGS, help="'full': token + positional (+ type)")
@@ -440,6 +441,7 @@ def path_integral(
         for i, g in enumerate(_point_gradients(model, path, names, head, a)):
             if g is not None:
                 total[i] += einsum(w, g, "s, s p d -> p d")[None]
+        advance(len(a))
     return total
 
 
@@ -457,6 +459,7 @@ def path_node_scores(
             if g is not None:
                 per_row += (d * g).sum(-1)
         out.append(per_row.cpu())
+        advance(int(a.shape[0]))
     return torch.cat(out)
 
 
@@ -470,6 +473,7 @@ def path_values(
             a = alphas[start : start + rows].to(path.deltas[0].device, path.deltas[0].dtype)
             hooks = _path_hooks(path, names, a)
             out.append(_value_at(model, path.batch, path.resolved, head, hooks, int(a.shape[0])))
+            advance(0)
     return torch.cat(out).detach().cpu()
 
 
@@ -610,7 +614,10 @@ def integrated_gradients(
     gaps = torch.zeros(batch.size, dtype=real.value.dtype)
     used, panels, batches = [0] * batch.size, [1] * batch.size, [0] * batch.size
     device = batch.tokens.device
+    points = batch.size * n_steps if isinstance(n_steps, int) else None
+    bar = progress_bar(desc="integrated_gradients", total=points, unit="point")
     for b, path in enumerate(paths):
+        bar.set_postfix_str(f"item {b + 1}/{batch.size}", refresh=False)
         if isinstance(n_steps, int):
             alphas, weights = quadrature(n_steps, rule)
             rows = rows_per_forward(arch, path.batch.length, n_steps, step_batch, device)
@@ -636,6 +643,7 @@ def integrated_gradients(
         batches[b] = rows
         scores[b, path.columns] = item_scores[int(path.prepended) :].to(scores)
         gaps[b] = gap
+    bar.close()
     value = torch.stack([p.value for p in paths]).detach().cpu()
     base_value = torch.stack([p.base_value for p in paths]).detach().cpu()
     if n_steps == "auto":

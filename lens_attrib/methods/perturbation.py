@@ -23,6 +23,7 @@ from lens_attrib.forward import resid_of, run, target_rows
 from lens_attrib.hooks.masking import value_zeroing_hooks
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.registry import MethodOutput, Option, integer, positive_int, register
+from lens_attrib.progress import progress_bar
 from lens_attrib.target import Target
 
 
@@ -47,7 +48,8 @@ def value_zeroing(model: Any, batch: Batch, target: Target, *, batch_size: int) 
         if bool(batch.mask[b, j]) and (not causal or j <= int(positions[b]))
     ]
     scores = torch.zeros(batch.size, batch.length, dtype=clean_rows.dtype)
-    for start in range(0, len(pairs), batch_size):
+    starts = range(0, len(pairs), batch_size)
+    for start in progress_bar(starts, desc="value_zeroing", unit="forward"):
         chunk = pairs[start : start + batch_size]
         items = torch.tensor([b for b, _ in chunk])
         sub = batch.select(items)

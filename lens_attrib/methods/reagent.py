@@ -60,6 +60,7 @@ from lens_attrib.forward import head_outputs, resid_of, run
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.perturbation import item_seed
 from lens_attrib.methods.registry import MethodOutput, Option, integer, positive_int, register
+from lens_attrib.progress import progress_bar
 from lens_attrib.target import ResolvedTarget, Target
 
 LOGIT_CLAMP = 1e-6
@@ -347,9 +348,12 @@ def reagent(
     probes = make_probes(model, batch, allowed, replacer, seed, num_probes)
 
     active = [b for b, p in enumerate(probes) if len(p.columns)]
+    rounds = progress_bar(desc="reagent", unit="round")  # stops early: no total
     for _ in range(max_probe_steps):
         if not active:
             break
+        rounds.update()
+        rounds.set_postfix_str(f"{len(active)} items probing", refresh=False)
         masks, live, parts = {}, {}, []
         for b in active:
             p = probes[b]
@@ -373,6 +377,7 @@ def reagent(
             probes[b].stopped[live[b]] |= h.bool()
         active = [b for b in active if not bool(probes[b].stopped.all())]
 
+    rounds.close()
     scores, unstopped = aggregate(probes, batch)
     if unstopped:
         warnings.warn(

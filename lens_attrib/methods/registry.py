@@ -38,6 +38,7 @@ from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import grad_context, no_grad_context
 from lens_attrib.heads import with_model_head
 from lens_attrib.inputs import Batch, StartTokenLike, start_token_meta, to_batch
+from lens_attrib.progress import bars_closed_after
 from lens_attrib.target import ResolvedTarget, Target
 
 
@@ -463,7 +464,7 @@ def run_method(
     )
     context = grad_context if spec.uses_gradient else no_grad_context
     try:
-        with context(model):
+        with context(model), bars_closed_after():
             out = spec.core(model, batch, target, **opts)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
         if isinstance(err, RuntimeError) and "memory" not in str(err).lower():
