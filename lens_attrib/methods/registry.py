@@ -257,7 +257,7 @@ def prepare(
         raise InputError(
             f"The model has no tokenizer, so the text {texts[0]!r} cannot be split into tokens "
             "(a checkpoint folder without tokenizer files loads without one). Pass token ids, "
-            "or set one: model.set_tokenizer(AutoTokenizer.from_pretrained(folder_with_it))."
+            "or give it one: model.tokenizer = AutoTokenizer.from_pretrained(folder_with_it)."
         )
     batch = to_batch(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     target = target or Target()
