@@ -690,7 +690,10 @@ def assert_unchanged(model, before) -> None:
     assert model_state_fingerprint(model) == fingerprint
     now = list(model.parameters())
     assert len(now) == len(params)
-    assert all(torch.equal(a, b) for a, b in zip(params, now, strict=True))
+    assert all(  # exact equality, NaN equal to NaN (the NaN tests poison weights on purpose)
+        a.dtype == b.dtype and torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
+        for a, b in zip(params, now, strict=True)
+    )
 
 
 @pytest.mark.parametrize(
@@ -842,12 +845,7 @@ def test_a_nan_query_weight_is_named_by_every_method(method):
     message = str(info.value)
     assert "blocks.1.attn.W_Q: 1 NaN, first at index (2, 0, 0)" in message, message
     assert "retry in float64" not in message
-    fingerprint, params = before
-    assert model_state_fingerprint(model) == fingerprint
-    assert all(
-        torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
-        for a, b in zip(params, model.parameters(), strict=True)
-    )
+    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize("method", ENCODER_METHODS)
@@ -855,8 +853,10 @@ def test_a_nan_key_weight_of_an_encoder_is_named(method):
     model = tiny_bert(dtype=F64)
     with torch.no_grad():
         model.blocks[0].attn.W_K[1, 3, 2] = float("inf")
+    before = _state(model)
     with pytest.raises(NonFiniteError, match=r"blocks\.0\.attn\.W_K: 1 inf"):
         attribute(model, "the keys to the cabinet", method=method)
+    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize(
@@ -881,9 +881,11 @@ def test_nan_weights_anywhere_are_named(where, name, method):
         where = lambda m: m.embed.W_E[ids[1]]  # noqa: E731  (a token of the prompt)
     with torch.no_grad():
         where(model).fill_(float("nan"))
+    before = _state(model)
     with pytest.raises(NonFiniteError) as info:
         attribute(model, "the keys to the cabinet", Target("are"), method=method)
     assert name in str(info.value) and "retry in float64" not in str(info.value)
+    assert_unchanged(model, before)
 
 
 def test_a_nan_unembedding_column_of_the_target_is_named():
@@ -905,10 +907,12 @@ def test_a_hook_that_writes_nan_is_named_as_an_activation():
         return x
 
     model.add_hook("blocks.1.hook_resid_mid", poison)
+    before = _state(model)
     try:
         for method in ("normxlogit", "attention", "integrated_gradients"):
             with pytest.raises(NonFiniteError, match="although every weight is finite"):
                 attribute(model, "the keys to the cabinet", method=method)
+            assert_unchanged(model, before)  # the user's hook is still there
     finally:
         model.reset_hooks()
 
