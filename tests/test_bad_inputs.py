@@ -1042,7 +1042,8 @@ def test_runner_refuses_counts_below_one(argv, phrase, capsys):
 
 # --------------------------------------------------------------------------- saying nothing
 @pytest.mark.parametrize(
-    "metric", [pointing_game, mrr, token_accuracy, average_precision, relevance_mass_accuracy]
+    "metric",
+    [pointing_game, mrr, token_accuracy, average_precision, relevance_mass_accuracy, dot_product],
 )
 def test_all_equal_scores_earn_chance_never_more_than_a_real_ranking(metric):
     """Tie-aware metrics give constant scores the chance value (|E|/n for the pointing game)
