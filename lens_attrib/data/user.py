@@ -223,6 +223,10 @@ def load_items(
     Raises:
         FileNotFoundError: no such file.
         ValueError: an unknown extension, a malformed line or an empty file (names the line).
+
+    Warns:
+        InputWarning: once per file, when items have a target/foil without its leading space
+        after a word, or a prompt ending in a space (:func:`space_problems`).
     """
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"n must be a number of items >= 1 or None (all), got {n!r}")
@@ -268,8 +272,6 @@ def load_items(
         )
     if n is None or n >= len(items):
         return items
-    if n < 0:
-        raise ValueError(f"n must be >= 0 or None, got {n}")
     if seed is None:
         return items[:n]
     keep = sorted(random.Random(seed).sample(range(len(items)), n))
