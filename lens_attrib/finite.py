@@ -6,19 +6,22 @@ residual (checked by :func:`check_activations` on every forward of the engine) s
 path hides it: TransformerLens replaces NaN attention-pattern rows by zeros (meant for rows with
 every key masked), so a NaN in a weight that feeds the attention *scores* — ``W_Q``, ``W_K``,
 their biases, the norm before attention, the rotary tables — silently turns heads off, and every
-output stays finite. Those tensors (about 10 % of SmolLM2's weights) are summed before every
-method call (:func:`check_score_weights`; a sum is NaN/inf as soon as one entry is); the full
+output stays finite. Those weights (about 10 % of SmolLM2's) are summed before every method call
+(:func:`check_score_weights`; a sum is NaN/inf as soon as one entry is; the rotary tables only
+when their storage or version changed); the full
 scan that names every non-finite tensor (:func:`nonfinite_tensors`) runs only once something was
 found.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+from torch.nn import Parameter
 
 from lens_attrib.errors import NonFiniteError
 
@@ -108,12 +111,28 @@ def weights_error(found: list[str]) -> NonFiniteError:
     )
 
 
+_CLEAN_TABLES: weakref.WeakKeyDictionary[Any, set[tuple[int, int]]] = weakref.WeakKeyDictionary()
+
+
+def _unchecked(model: Any, named: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+    """Parameters always; rotary tables (buffers TransformerLens computes, one per layer) only
+    when their storage or in-place version changed since they were last found finite."""
+    clean = _CLEAN_TABLES.get(model, set())
+    return [
+        (n, t)
+        for n, t in named
+        if isinstance(t, Parameter) or (t.data_ptr(), t._version) not in clean
+    ]
+
+
 def check_score_weights(model: Any) -> None:
     """Raise :class:`NonFiniteError` naming the tensor when a score-path weight is NaN/inf."""
-    named = score_path_tensors(model)
+    named = _unchecked(model, score_path_tensors(model))
     if not named:
         return
     if bool(torch.isfinite(_sums([t for _, t in named])).all()):
+        tables = {(t.data_ptr(), t._version) for _, t in named if not isinstance(t, Parameter)}
+        _CLEAN_TABLES.setdefault(model, set()).update(tables)
         return
     found = [
         describe(n, t) for n, t in named if t.numel() and not bool(torch.isfinite(t.detach()).all())

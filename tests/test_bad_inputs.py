@@ -918,15 +918,24 @@ def test_a_hook_that_writes_nan_is_named_as_an_activation():
 
 
 def test_the_weight_scan_reads_a_small_share_of_the_weights(smollm2):
-    """The per-call scan sums only the attention-score weights (a forward reads all of them
-    once): under 10 % of SmolLM2's parameters, and it finds a NaN there."""
-    from lens_attrib.finite import check_score_weights, score_path_tensors
+    """Every call sums only the attention-score parameters (a forward reads all of them once):
+    about a tenth of SmolLM2's stored parameters; the rotary tables only after a change."""
+    from lens_attrib.finite import _unchecked, check_score_weights, score_path_tensors
 
-    named = score_path_tensors(smollm2)
-    share = sum(t.numel() for _, t in named) / sum(p.numel() for p in smollm2.parameters())
-    assert 0.05 < share < 0.1
-    assert {n.rsplit(".", 1)[-1] for n, _ in named} >= {"W_Q", "_W_K", "w", "rotary_sin"}
-    check_score_weights(smollm2)  # finite: no error
+    check_score_weights(smollm2)  # finite: no error; the tables are now known clean
+    per_call = _unchecked(smollm2, score_path_tensors(smollm2))
+    stored = {p.data_ptr(): p.numel() for p in smollm2.parameters()}  # tied weights once
+    share = sum(t.numel() for _, t in per_call) / sum(stored.values())
+    assert 0.05 < share < 0.11
+    assert {n.rsplit(".", 1)[-1] for n, _ in per_call} == {"W_Q", "b_Q", "_W_K", "_b_K", "w"}
+
+
+def test_a_nan_written_into_a_rotary_table_is_found_after_a_clean_call():
+    model = tiny_llama(dtype=F64)
+    attribute(model, "the keys to the cabinet", method="normxlogit")  # tables found clean
+    model.blocks[1].attn.rotary_sin[3, 2] = float("nan")  # in place: the version changes
+    with pytest.raises(NonFiniteError, match="rotary_sin"):
+        attribute(model, "the keys to the cabinet", method="normxlogit")
 
 
 def test_minilm_placeholder_heads_are_not_reported(minilm):
