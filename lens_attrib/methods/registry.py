@@ -270,10 +270,11 @@ def prepare(
 
 
 def prompt_texts(inputs: Any) -> list[str] | None:
-    """The prompt strings of ``inputs`` (``None`` for ids and tokenizer outputs)."""
+    """The prompt strings of ``inputs`` (``None`` for ids, tokenizer outputs and tuples, which
+    may be sentence pairs)."""
     if isinstance(inputs, str):
         return [inputs]
-    if isinstance(inputs, list | tuple) and inputs and all(isinstance(x, str) for x in inputs):
+    if isinstance(inputs, list) and inputs and all(isinstance(x, str) for x in inputs):
         return list(inputs)
     return None
 
