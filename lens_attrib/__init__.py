@@ -8,7 +8,14 @@ attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
 
 from lens_attrib.attribution import Attribution, load_attributions, save_attributions
 from lens_attrib.classifiers import Classifier, load_classifier
-from lens_attrib.errors import InputError, ModelError, OptionError, TargetError
+from lens_attrib.errors import (
+    InputError,
+    InputWarning,
+    ModelError,
+    NonFiniteError,
+    OptionError,
+    TargetError,
+)
 from lens_attrib.inputs import Batch, to_batch
 from lens_attrib.methods import METHODS, MethodSpec, attribute
 from lens_attrib.models import load_model
@@ -22,8 +29,10 @@ __all__ = [
     "Batch",
     "Classifier",
     "InputError",
+    "InputWarning",
     "MethodSpec",
     "ModelError",
+    "NonFiniteError",
     "OptionError",
     "ResolvedTarget",
     "Target",

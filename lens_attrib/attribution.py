@@ -99,8 +99,22 @@ class Attribution:
             },
         )
 
+    def check_item(self, item: Any, who: str = "item") -> int:
+        """``item`` as an index of this Attribution; else an error naming the valid range."""
+        if isinstance(item, bool) or not isinstance(item, int | np.integer):
+            kind = type(item).__name__
+            raise TypeError(f"{who} must be an item index (int), got {kind} {item!r}.")
+        n = len(self)
+        if not -n <= int(item) < n:
+            raise IndexError(
+                f"{who}={int(item)} is outside this Attribution of {n} item(s): pass 0..{n - 1} "
+                "(negative counts from the end)."
+            )
+        return int(item)
+
     def item_scores(self, item: int = 0) -> Float[Tensor, "pos"]:
         """Scores of one item at its real tokens only."""
+        item = self.check_item(item)
         return self.scores[item][self.mask[item]]
 
     def numpy(self, item: int | None = None) -> np.ndarray | list[np.ndarray]:
@@ -177,6 +191,8 @@ class Attribution:
         """
         from lens_attrib.report import attribution_rows, token_map_html
 
+        if item is not None:
+            item = self.check_item(item)
         return token_map_html(attribution_rows(self, None if item is None else [item]))
 
     def _repr_html_(self) -> str:
@@ -196,6 +212,12 @@ class Attribution:
         """Plotly figure: token heatmap, or layer × token heatmap when per-layer scores exist."""
         from lens_attrib import plot
 
+        self.check_item(item)
+        if layers and self.layer_scores is None:
+            raise ValueError(
+                f"{self.method!r} has no layer_scores, so plot(layers=True) has nothing to show: "
+                "drop layers=True, or use a per-layer method (e.g. 'alti_logit', 'logit_lens')."
+            )
         if layers or (layers is None and self.layer_scores is not None):
             return plot.layer_heatmap(self, item=item, **kwargs)
         return plot.token_heatmap(self, item=item, **kwargs)

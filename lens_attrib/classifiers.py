@@ -280,6 +280,18 @@ def train_or_load(
     return load_head(path, model)
 
 
+def check_item_counts(**counts: Any) -> None:
+    """Each count is ``None`` (the built-in setting) or a whole number of items ``>= 1``."""
+    for what, n in counts.items():
+        if n is None:
+            continue
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(
+                f"{what}={n!r}: pass a number of items >= 1 (fewer than the built-in setting "
+                f"for a quick check), or None for the built-in setting."
+            )
+
+
 def load_classifier(
     name: str,
     *,
@@ -302,6 +314,7 @@ def load_classifier(
 
     if name not in CLASSIFIERS:
         raise KeyError(f"Unknown classifier {name!r}; built-in: {sorted(CLASSIFIERS)}.")
+    check_item_counts(n_train=n_train, n_dev=n_dev)
     spec = CLASSIFIERS[name]
     if n_train is not None:
         spec = replace(spec, n_train=n_train)

@@ -1,4 +1,5 @@
-"""The library's exception types (one leaf module, so that every other module can raise them)."""
+"""The library's exception and warning types (one leaf module, so that every other module can
+raise them)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,20 @@ class OptionError(ValueError):
     """Raised for an unknown method option or a value it does not allow."""
 
 
-__all__ = ["InputError", "ModelError", "OptionError", "TargetError"]
+class NonFiniteError(FloatingPointError):
+    """Raised when a weight or an activation of the model holds NaN/inf; the message names it."""
+
+
+class InputWarning(UserWarning):
+    """Warned for inputs that run but very likely explain something else than meant (a target
+    without the leading space its word has after the prompt, a prompt ending in a space)."""
+
+
+__all__ = [
+    "InputError",
+    "InputWarning",
+    "ModelError",
+    "NonFiniteError",
+    "OptionError",
+    "TargetError",
+]

@@ -27,6 +27,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lens_attrib.backend import Arch, Head, arch_of, default_head, final_residual
+from lens_attrib.errors import NonFiniteError
+from lens_attrib.finite import check_activations, raise_if_weights_nonfinite
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import Batch
@@ -50,10 +52,16 @@ class Forward:
 
 
 def resid_of(model: Any, batch: Batch) -> Float[Tensor, "batch pos d_model"]:
-    """The final residual of ``batch`` (hooks installed by the caller fire)."""
-    return final_residual(
+    """The final residual of ``batch`` (hooks installed by the caller fire).
+
+    NaN/inf at a real position is an error naming the weight or position responsible
+    (:func:`lens_attrib.finite.check_activations`).
+    """
+    resid = final_residual(
         model, batch.arch, batch.tokens, batch.mask, batch.padded, batch.token_types
     )
+    check_activations(model, resid, batch.mask)
+    return resid
 
 
 def has_head(arch: Arch, target: Target) -> bool:
@@ -71,9 +79,12 @@ def _capture_hook(store: dict[str, Tensor], name: str) -> HookFn:
     return hook
 
 
-def check_value(value: Tensor) -> None:
+def check_value(value: Tensor, model: Any = None) -> None:
+    """The explained scalar is finite; else the non-finite weight is named (when ``model``)."""
     if not torch.isfinite(value).all():
-        raise FloatingPointError(
+        if model is not None:
+            raise_if_weights_nonfinite(model)
+        raise NonFiniteError(
             "The explained scalar is not finite (NaN/inf) for items "
             f"{torch.nonzero(~torch.isfinite(value)).flatten().tolist()}: check the inputs and "
             "the model's dtype (bf16/fp16 overflow)."
@@ -111,7 +122,7 @@ def run(
         idx = torch.arange(batch.size, device=positions.device)
         resolved = ResolvedTarget(positions, batch.tokens[idx, positions], None, False)
         return Forward(None, resolved, None, resid, store, position_only=True)
-    check_value(value)
+    check_value(value, model)
     return Forward(value, resolved, head_out, resid, store)
 
 

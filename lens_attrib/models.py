@@ -74,6 +74,8 @@ def keep_tokenizer_as_is(tokenizer: Any) -> Any:
     We never rely on the tokenizer to add BOS: inputs are tokenized without special tokens and
     BOS is prepended explicitly (see ``lens_attrib.inputs``).
     """
+    if tokenizer is None:  # a checkpoint without tokenizer files (see folder_tokenizer)
+        return None
     tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", ""))
     tokenizer.init_kwargs["add_bos_token"] = True
     return tokenizer
@@ -113,6 +115,7 @@ def load_model(
         raise ModelError(
             f"dtype={dtype} is not supported: pass one of {', '.join(map(str, SUPPORTED_DTYPES))}."
         )
+    name_or_path = checked_name(name_or_path)
     device = torch.device(device or "cpu")
     key = name_or_path.lower()
     if key in SMOLLM2_NAMES:
@@ -558,7 +561,7 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
     these checkpoints, holds NaN.
     """
     from transformer_lens import HookedEncoder
-    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM, BertModel
+    from transformers import AutoConfig, BertForMaskedLM, BertModel
 
     hf_config = AutoConfig.from_pretrained(folder)
     with_mlm = "BertForMaskedLM" in (hf_config.architectures or [])
@@ -577,9 +580,7 @@ def load_bert_folder(folder: str | Path, dtype: torch.dtype, model_name: str | N
     if not with_mlm:
         absent += ("mlm_head.", "unembed.")
     with quiet_deprecation():
-        model = HookedEncoder(
-            cfg, tokenizer=AutoTokenizer.from_pretrained(folder), move_to_device=False
-        )
+        model = HookedEncoder(cfg, tokenizer=folder_tokenizer(folder), move_to_device=False)
     load_weights_exactly(model, state_dict, absent_heads=absent)
     buffers_in_dtype(model, dtype)
     if with_mlm:
@@ -636,17 +637,6 @@ def encoder_kind(hf_config: Any) -> str | None:
     if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
         raise ModelError(f"{name or model_type} is configured as a decoder: not an encoder.")
     return kind or "Model"
-
-
-def folder_tokenizer(folder: str | Path) -> Any:
-    """The folder's tokenizer, or ``None`` when it has no tokenizer files (text inputs then raise
-    an InputError that asks for token ids)."""
-    from transformers import AutoTokenizer
-
-    names = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
-    if not any((Path(folder) / n).is_file() for n in names):
-        return None
-    return AutoTokenizer.from_pretrained(folder)
 
 
 def roberta_lm_head_state_dict(lm_head: Any) -> dict[str, torch.Tensor]:
@@ -776,12 +766,12 @@ def transformer_lens_hf_config(hf_config: Any) -> dict[str, Any]:
 def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     """A local Hugging Face checkpoint folder, converted without processing, built in ``dtype``."""
     from transformer_lens import loading_from_pretrained
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_config = AutoConfig.from_pretrained(path)
     if encoder_kind(hf_config) is not None:
         return load_encoder_folder(path, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = folder_tokenizer(path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     config = transformer_lens_hf_config(hf_config)
     # TransformerLens infers some architectures from substrings of the name ("llama", "gemma"):
@@ -806,6 +796,7 @@ def load_official(name: str, dtype: torch.dtype = torch.float32) -> Any:
     from transformer_lens import loading_from_pretrained
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_not_a_missing_path(name)
     try:
         official = loading_from_pretrained.get_official_model_name(name)
         cfg = loading_from_pretrained.get_pretrained_model_config(
@@ -816,13 +807,102 @@ def load_official(name: str, dtype: torch.dtype = torch.float32) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_name or official)
         hf_model = AutoModelForCausalLM.from_pretrained(official, dtype=dtype)
     except (OSError, ValueError) as err:  # offline, or not a TransformerLens name
-        raise ModelError(
-            f"Could not load {name!r}: not a bundled model ('smollm2-135m', 'minilm-l6'), "
-            f"not a local folder, and the hub did not answer ({err}). Offline, pass a local "
-            "Hugging Face folder or a bundled model name."
-        ) from err
+        raise official_name_error(name, err) from err
     state_dict = loading_from_pretrained.get_pretrained_state_dict(
         official, cfg, hf_model=hf_model, dtype=dtype
     )
     cfg.tokenizer_name = None
     return build_decoder(cfg, state_dict, tokenizer)
+
+
+# --------------------------------------------------------------------------- clear errors
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+def folder_tokenizer(folder: str | Path) -> Any:
+    """The folder's tokenizer, or ``None`` when it holds no tokenizer files.
+
+    transformers would otherwise build an empty tokenizer from the model's config, which
+    splits every text into nothing ("Input 0 is empty"); without one, text inputs raise an
+    error that says so and token ids still work.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(folder)
+    if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def checked_name(name_or_path: Any) -> str:
+    """A model name or folder as a string; anything else is a clear error."""
+    if isinstance(name_or_path, Path):
+        return str(name_or_path)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        hint = (
+            " (an already loaded model is used directly: attribute(model, ...))"
+            if isinstance(name_or_path, torch.nn.Module)
+            else ""
+        )
+        raise ModelError(
+            f"load_model needs a model name or a folder path, got {type(name_or_path).__name__} "
+            f"{name_or_path!r}{hint}: e.g. load_model('smollm2-135m') or load_model('path/to/"
+            "checkpoint')."
+        )
+    return name_or_path
+
+
+def looks_like_path(name: str) -> bool:
+    """Written as a file-system path (absolute, ./ ../ ~, a backslash, or inside an existing
+    folder) rather than a hub name like ``EleutherAI/pythia-70m``."""
+    if name.startswith(("/", "./", "../", "~", ".\\")) or "\\" in name or os.path.isabs(name):
+        return True
+    head = name.split("/", 1)[0]
+    return "/" in name and Path(head).is_dir()
+
+
+def check_not_a_missing_path(name: str) -> None:
+    """A clear error for a path that does not exist or is a file (not a checkpoint folder)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        raise ModelError(
+            f"{name!r} is a file; load_model takes the folder that holds config.json and the "
+            "weights (save_pretrained writes one), or a bundled model name ('smollm2-135m', "
+            "'minilm-l6')."
+        )
+    if looks_like_path(name) and not path.exists():
+        parent = next((p for p in path.parents if p.is_dir()), None)
+        raise ModelError(
+            f"The folder {name!r} does not exist (nearest existing folder: {str(parent)!r}). "
+            "Check the path, or pass a bundled model name ('smollm2-135m', 'minilm-l6')."
+        )
+
+
+def official_name_error(name: str, err: BaseException) -> ModelError:
+    """Not a bundled name, a folder or a TransformerLens name: say which names are close."""
+    import difflib
+
+    from transformer_lens import loading_from_pretrained
+
+    official = list(getattr(loading_from_pretrained, "OFFICIAL_MODEL_NAMES", []))
+    bundled = sorted(SMOLLM2_NAMES | MINILM_NAMES)
+    close = difflib.get_close_matches(name, bundled + official, n=3, cutoff=0.6)
+    hint = f" Close names: {close}." if close else ""
+    if "Valid official model names" in str(err):
+        reason = "not a TransformerLens model name"
+    else:
+        reason = f"the hub did not answer ({str(err)[:300]})"
+    return ModelError(
+        f"Could not load {name!r}: not a bundled model ({bundled}), not an existing local "
+        f"folder, and {reason}.{hint} Offline, pass a local Hugging Face folder or a bundled "
+        "model name."
+    )

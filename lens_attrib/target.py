@@ -80,6 +80,7 @@ class Target:
                 f"head must be a callable [n, d_model] -> [n, n_out] (e.g. a torch.nn.Module), "
                 f"got {type(self.head).__name__}."
             )
+        check_flags(self.regression, self.labels)
         generate = self.generate
         if isinstance(generate, bool) or not isinstance(generate, int | np.integer) or generate < 0:
             raise TargetError(f"generate must be a number of steps >= 0, got {generate!r}.")
@@ -240,6 +241,13 @@ def default_head(model: Any) -> Head:
 
 def _normalize_spec(spec: Any, what: str) -> TokenSpec:
     """Check a token/foil spec's type (numpy integers become ints); errors say what to pass."""
+    if isinstance(spec, np.ndarray):
+        spec = torch.as_tensor(spec)
+    if isinstance(spec, Tensor) and (spec.dtype.is_floating_point or spec.dtype.is_complex):
+        raise TargetError(
+            f"{what} ids must be integers, got a {spec.dtype} tensor {spec.flatten()[:4].tolist()}"
+            ": pass token ids (e.g. torch.tensor([522])) or strings."
+        )
     if spec is None or isinstance(spec, str | Tensor):
         return spec  # type: ignore[no-any-return]
     if isinstance(spec, bool):
@@ -265,6 +273,21 @@ def _normalize_spec(spec: Any, what: str) -> TokenSpec:
         f"{what} must be a string, an id, a list of them or a tensor, got "
         f"{type(spec).__name__} {spec!r}."
     )
+
+
+def check_flags(regression: Any, labels: Any) -> None:
+    """``regression`` is a bool; ``labels`` a list of class names (not one string)."""
+    if not isinstance(regression, bool):
+        raise TargetError(f"regression must be True or False, got {regression!r}.")
+    if labels is not None and (
+        isinstance(labels, str)
+        or not isinstance(labels, Sequence)
+        or not all(isinstance(x, str) for x in labels)
+    ):
+        raise TargetError(
+            f"labels must be a list of class names, one per head output (e.g. ['negative', "
+            f"'positive']), got {labels!r}."
+        )
 
 
 def _normalize_position(position: Any) -> int | list[int] | None:
@@ -349,3 +372,124 @@ def single_token_id(model: Any, spec: str | int, what: str = "token") -> int:
             f"A {what} must be exactly one token: pass one of them or its id.{hint}"
         )
     return int(ids[0])
+
+
+# --------------------------------------------------------------------------- space checks
+WORD_END = ",.;:!?)]}"
+"""Characters after which the next word is written with a leading space (besides letters and
+digits): a prompt ending in one of them, or in a word, is followed by ``" word"``."""
+
+
+def starts_word(text: str) -> bool:
+    """Whether ``text`` begins with an ASCII letter or digit (a word, not punctuation)."""
+    return bool(text) and text[0].isascii() and text[0].isalnum()
+
+
+def precedes_spaced_word(text: str) -> bool:
+    """Whether the word after ``text`` is written with a leading space in running text."""
+    return bool(text) and ((text[-1].isascii() and text[-1].isalnum()) or text[-1] in WORD_END)
+
+
+def ends_in_space(text: str) -> bool:
+    """A trailing space or tab (a trailing newline is ordinary: the next line has no space)."""
+    return text.endswith((" ", "\t"))
+
+
+def _item_specs(spec: TokenSpec, n: int) -> list[str | int | None]:
+    if spec is None or isinstance(spec, Tensor):
+        return [None] * n
+    if isinstance(spec, str | int):
+        return [spec] * n
+    items: list[str | int | None] = list(spec)
+    if len(items) == 1:
+        return items * n
+    return items if len(items) == n else [None] * n  # a wrong count is an error later
+
+
+def _spaced_twin(tokenizer: Any, word: str) -> tuple[int, int] | None:
+    """``(id of word, id of " " + word)`` when both are single, different tokens."""
+    plain = tokenizer(word, add_special_tokens=False)["input_ids"]
+    spaced = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
+    if len(plain) == 1 and len(spaced) == 1 and plain[0] != spaced[0]:
+        return int(plain[0]), int(spaced[0])
+    return None
+
+
+def preceding_tokens(batch: Batch, target: Target) -> list[str]:
+    """The string token at every item's target position (the text the next word follows)."""
+    spec = target.position
+    out = []
+    for b, tokens in enumerate(batch.str_tokens):
+        if spec is None:
+            p = -1
+        else:
+            per_item = [spec] if isinstance(spec, int) else list(spec)
+            p = per_item[0] if len(per_item) == 1 else per_item[b] if b < len(per_item) else -1
+        out.append(tokens[p] if -len(tokens) <= p < len(tokens) else "")
+    return out
+
+
+def warn_about_spaces(
+    model: Any, batch: Batch, target: Target, texts: Sequence[str] | None = None
+) -> None:
+    """Warn (:class:`~lens_attrib.errors.InputWarning`) about two silent mistakes of decoders.
+
+    1. A prompt that ends in a space: the next word's leading space is then inside the prompt,
+       so the model predicts a word *after a space*, which its tokenizer almost never produces.
+    2. A target or foil string without the leading space that the next word has after the
+       prompt (``Target("are")`` after ``"The keys to the cabinet"``): when the tokenizer also
+       has the spaced form as one token, that is the word the model predicts there.
+
+    Not applied to encoders (masked positions), class heads, ids (explicit: pass the id to
+    explain a token exactly as written) and words without a spaced one-token form.
+    """
+    from lens_attrib.errors import InputWarning
+
+    tokenizer = getattr(model, "tokenizer", None)
+    if batch.arch.encoder or target.head is not None or tokenizer is None:
+        return
+    before = preceding_tokens(batch, target)
+    spaced_prompt = [b for b, tok in enumerate(before) if ends_in_space(tok)]
+    if texts is not None and target.position is None:
+        for b, text in enumerate(texts):
+            stripped = text.rstrip(" \t")
+            if b not in spaced_prompt and ends_in_space(text) and stripped:
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                if ids != tokenizer(stripped, add_special_tokens=False)["input_ids"]:
+                    spaced_prompt.append(b)
+    if spaced_prompt:
+        b = spaced_prompt[0]
+        shown = repr(texts[b]) if texts is not None else f"ending in token {before[b]!r}"
+        fix = f": {texts[b].rstrip(' ' + chr(9))!r}" if texts is not None else ""
+        more = f" (and {len(spaced_prompt) - 1} more)" if len(spaced_prompt) > 1 else ""
+        warnings.warn(
+            f"Prompt {b} ({shown}) ends in a space{more}: "
+            "the next word's leading space is then inside the prompt, and the model is asked "
+            "for a word after a lone space, which its tokenizer almost never writes (results "
+            f"differ). Remove the trailing space{fix}, and give the target with its space "
+            "(Target(' are')).",
+            InputWarning,
+            stacklevel=5,
+        )
+        return  # the target check below assumes prompts without trailing spaces
+    for what in ("token", "foil"):
+        specs = _item_specs(getattr(target, what), batch.size)
+        for b, spec in enumerate(specs):
+            if not isinstance(spec, str) or not starts_word(spec):
+                continue
+            if not precedes_spaced_word(before[b]):
+                continue
+            twin = _spaced_twin(tokenizer, spec)
+            if twin is None:
+                continue
+            plain, spaced = twin
+            warnings.warn(
+                f"The {what} {spec!r} (id {plain}) has no leading space, but after "
+                f"{before[b]!r} (item {b}) the next word is written with one: {' ' + spec!r} "
+                f"(id {spaced}) is the word the model predicts there. Pass {' ' + spec!r} "
+                f"(e.g. Target({' ' + spec!r})); to explain {spec!r} as written (a word "
+                f"continued without a space), pass its id {plain}.",
+                InputWarning,
+                stacklevel=5,
+            )
+            break  # one warning per token/foil

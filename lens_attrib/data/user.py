@@ -39,12 +39,15 @@ from __future__ import annotations
 import csv
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
 from lens_attrib.data.items import TaskItem, word_spans
+from lens_attrib.errors import InputWarning
+from lens_attrib.target import precedes_spaced_word, starts_word
 
-__all__ = ["USER_FIELDS", "load_items", "parse_item"]
+__all__ = ["USER_FIELDS", "load_items", "parse_item", "space_problems"]
 
 USER_FIELDS = ("prompt", "target", "foil", "evidence_words", "evidence_spans", "label")
 """The fields :func:`load_items` interprets; any other field goes to ``meta``."""
@@ -117,6 +120,48 @@ def _optional_text(value: Any) -> str | None:
     return str(value)
 
 
+def _label(value: Any, where: str) -> int | None:
+    """An integer class label (``"1"`` and ``1.0`` too); names are an error saying the fix."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise _fail(where, f"label must be an integer class index, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _fail(
+        where,
+        f"label must be an integer class index, got {value!r}; map class names to indices "
+        "(e.g. negative → 0, positive → 1) and keep the name in another field",
+    )
+
+
+def space_problems(prompt: str, target: str, foil: str | None = None) -> list[str]:
+    """The two silent space mistakes of an item (see :func:`lens_attrib.target.warn_about_spaces`):
+    a prompt ending in a space, and a target/foil word without its leading space after a word.
+    """
+    if prompt.endswith((" ", "\t")):
+        return [
+            f"the prompt {prompt!r} ends in a space: the next word's leading space belongs to "
+            f"the target; write the prompt as {prompt.rstrip(' ' + chr(9))!r} and the target with "
+            "its space (' are')"
+        ]
+    problems = []
+    for what, word in (("target", target), ("foil", foil)):
+        if word is not None and starts_word(word) and precedes_spaced_word(prompt):
+            problems.append(
+                f"the {what} {word!r} has no leading space, but after {prompt!r} the next word "
+                f"is written with one: write {' ' + word!r}"
+            )
+    return problems
+
+
 def parse_item(row: dict[str, Any], *, task: str = "user", where: str = "item") -> TaskItem:
     """One item from a mapping with the fields of the module docstring.
 
@@ -152,7 +197,9 @@ def parse_item(row: dict[str, Any], *, task: str = "user", where: str = "item") 
         meta["evidence_spans"] = spans
     else:
         words = _evidence_words(row.get("evidence_words"), prompt, where)
-    label = row.get("label")
+    for problem in space_problems(prompt, target, _optional_text(row.get("foil"))):
+        warnings.warn(f"{where}: {problem}", InputWarning, stacklevel=2)
+    label = _label(row.get("label"), where)
     return TaskItem(
         prompt=prompt,
         target=target,
@@ -160,7 +207,7 @@ def parse_item(row: dict[str, Any], *, task: str = "user", where: str = "item") 
         evidence_words=words,
         task=task,
         meta=meta,
-        label=int(label) if label not in (None, "") else None,
+        label=label,
     )
 
 
@@ -178,7 +225,13 @@ def load_items(
     Raises:
         FileNotFoundError: no such file.
         ValueError: an unknown extension, a malformed line or an empty file (names the line).
+
+    Warns:
+        InputWarning: once per file, when items have a target/foil without its leading space
+        after a word, or a prompt ending in a space (:func:`space_problems`).
     """
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"n must be a number of items >= 1 or None (all), got {n!r}")
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no item file {path}")
@@ -205,11 +258,22 @@ def load_items(
         raise ValueError(f"{path}: unknown item file type {suffix!r}; use .jsonl or .csv")
     if not rows:
         raise ValueError(f"{path} holds no items")
-    items = [parse_item(row, task=name, where=where) for where, row in rows]
+    with warnings.catch_warnings(record=True) as caught:  # one summary, not one per line
+        warnings.simplefilter("always", InputWarning)
+        items = [parse_item(row, task=name, where=where) for where, row in rows]
+    spaces = [w for w in caught if issubclass(w.category, InputWarning)]
+    for w in caught:
+        if w not in spaces:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if spaces:
+        warnings.warn(
+            f"{len(spaces)} of {len(items)} items of {path} have a space problem; first: "
+            f"{spaces[0].message}",
+            InputWarning,
+            stacklevel=2,
+        )
     if n is None or n >= len(items):
         return items
-    if n < 0:
-        raise ValueError(f"n must be >= 0 or None, got {n}")
     if seed is None:
         return items[:n]
     keep = sorted(random.Random(seed).sample(range(len(items)), n))

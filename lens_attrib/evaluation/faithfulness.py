@@ -50,6 +50,7 @@ from torch import Tensor
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Head, arch_of
+from lens_attrib.evaluation.validate import check_attribution, check_count, check_fractions
 from lens_attrib.forward import head_outputs
 from lens_attrib.inputs import pad_id_of, start_token_of
 
@@ -247,6 +248,8 @@ def aopc(
     attribution's explained token). ``gold``: label ids for the accuracy (default: prediction).
     ``head``: the head the attribution's Target used (default: the model's own).
     """
+    check_faithfulness_args(attribution, "aopc", label, max_batch)
+    check_fractions(fractions, "fractions", "aopc")
     regression = bool(attribution.target.regression)
     encoder = arch_of(model).encoder
     mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
@@ -283,6 +286,14 @@ def aopc(
         prediction=pred,
         perturbed_values={"without_top": value[..., 0], "only_top": value[..., 1]},
     )
+
+
+def check_faithfulness_args(attribution: Any, who: str, label: str, max_batch: int) -> None:
+    """The arguments every perturbation metric shares, with errors naming the fix."""
+    check_attribution(attribution, who)
+    if label not in ("prediction", "target"):
+        raise ValueError(f"{who}: label must be 'prediction' or 'target', got {label!r}.")
+    check_count(max_batch, "max_batch", who)
 
 
 def pearson_drop(full: Tensor, perturbed: Tensor, gold: Tensor) -> float:
@@ -327,6 +338,8 @@ def insertion_deletion(
     max_batch: int = 64,
 ) -> CurveResult:
     """Deletion and insertion curves in ``1/steps`` steps (default 5 % × 20; module doc)."""
+    check_faithfulness_args(attribution, "insertion_deletion", label, max_batch)
+    check_count(steps, "steps", "insertion_deletion")
     regression = bool(attribution.target.regression)
     if regression:
         raise ValueError("insertion/deletion flips need a classification target.")

@@ -68,6 +68,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
+from lens_attrib.evaluation.validate import check_attribution, check_scores
 
 Evidence = Sequence[int] | Sequence[bool] | Tensor | np.ndarray
 """Evidence positions (indices into the scores) or a boolean mask as long as the scores."""
@@ -109,10 +110,13 @@ def _evidence_mask(evidence: Evidence, n: int) -> Tensor:
 
 
 def _prepare(
-    scores: Tensor, evidence: Evidence, valid: Tensor | None
+    scores: Tensor, evidence: Evidence, valid: Tensor | None, who: str = "metric"
 ) -> tuple[Tensor, Tensor] | None:
-    """Scores and boolean evidence vector restricted to valid positions (None if E is empty)."""
-    s = torch.as_tensor(scores).detach().cpu().to(torch.float64).reshape(-1)
+    """Scores and boolean evidence vector restricted to valid positions (None if E is empty).
+
+    ``scores`` must be one item's finite ``[pos]`` vector (:func:`check_scores`).
+    """
+    s = check_scores(scores, who)
     g = _evidence_mask(evidence, s.numel())
     if valid is not None:
         keep = torch.as_tensor(valid, dtype=torch.bool).reshape(-1).cpu()
@@ -159,7 +163,7 @@ def is_degenerate(scores: Float[Tensor, "pos"], valid: Bool[Tensor, "pos"] | Non
 
     An item with a single valid token is not flagged: every method ties there.
     """
-    s = torch.as_tensor(scores).detach().cpu().to(torch.float64).reshape(-1)
+    s = check_scores(scores, "is_degenerate")
     if valid is not None:
         s = s[torch.as_tensor(valid, dtype=torch.bool).reshape(-1).cpu()]
     return s.numel() > 1 and bool((s == s[0]).all())
@@ -173,7 +177,7 @@ def pointing_game(
 ) -> float:
     """Whether the top-scored token is evidence; ``"expected"``: share of tied maxima in E."""
     _check_ties(ties)
-    prep = _prepare(scores, evidence, valid)
+    prep = _prepare(scores, evidence, valid, "pointing_game")
     if prep is None:
         return float("nan")
     s, g = prep
@@ -191,7 +195,7 @@ def mrr(
 ) -> float:
     """Reciprocal rank of the best-ranked evidence token (expected under random tie-breaking)."""
     _check_ties(ties)
-    prep = _prepare(scores, evidence, valid)
+    prep = _prepare(scores, evidence, valid, "mrr")
     if prep is None:
         return float("nan")
     s, g = prep
@@ -210,7 +214,7 @@ def token_accuracy(
 ) -> float:
     """``|top_{|E|}(s) ∩ E| / |E|`` (expected under random tie-breaking by default)."""
     _check_ties(ties)
-    prep = _prepare(scores, evidence, valid)
+    prep = _prepare(scores, evidence, valid, "token_accuracy")
     if prep is None:
         return float("nan")
     s, g = prep
@@ -229,7 +233,7 @@ def average_precision(
 ) -> float:
     """``(1/|E|) Σ_{j: π_j ∈ E} precision@j`` (expected under random tie-breaking by default)."""
     _check_ties(ties)
-    prep = _prepare(scores, evidence, valid)
+    prep = _prepare(scores, evidence, valid, "average_precision")
     if prep is None:
         return float("nan")
     s, g = prep
@@ -250,7 +254,7 @@ def relevance_mass_accuracy(
     scores: Float[Tensor, "pos"], evidence: Evidence, valid: Bool[Tensor, "pos"] | None = None
 ) -> float:
     """Share of the positive relevance that falls on evidence tokens (negatives clipped)."""
-    prep = _prepare(scores, evidence, valid)
+    prep = _prepare(scores, evidence, valid, "relevance_mass_accuracy")
     if prep is None:
         return float("nan")
     s, g = prep
@@ -266,7 +270,7 @@ def dot_product(
     normalize: str = "l1",
 ) -> float:
     """``Σ_i ŝ_i g_i`` with ``ŝ`` = raw scores, ``s/Σ|s|`` (l1) or ``softmax(s)``."""
-    prep = _prepare(scores, evidence, valid)
+    prep = _prepare(scores, evidence, valid, "dot_product")
     if prep is None:
         return float("nan")
     s, g = prep
@@ -326,8 +330,22 @@ def plausibility(
     if unknown:
         known = list(PLAUSIBILITY_METRICS)
         raise KeyError(f"Unknown plausibility metrics {unknown}; known: {known}")
+    check_attribution(attribution, "plausibility")
+    if isinstance(evidence, str) or not isinstance(evidence, Sequence | np.ndarray | Tensor):
+        raise TypeError(
+            f"evidence must be one evidence list per item, got {type(evidence).__name__}."
+        )
     if len(evidence) != len(attribution):
-        raise ValueError(f"{len(evidence)} evidence lists for {len(attribution)} items.")
+        raise ValueError(
+            f"{len(evidence)} evidence lists for {len(attribution)} items: pass one list of "
+            "evidence positions (or a boolean mask) per item, e.g. [[1], [2, 3]]."
+        )
+    single = [b for b, e in enumerate(evidence) if isinstance(e, int | np.integer | bool)]
+    if single:
+        raise TypeError(
+            f"evidence[{single[0]}] is {evidence[single[0]]!r}, a single position: pass one list "
+            "per item, e.g. [[1], [2, 3]] (a flat list would be read as one item's evidence)."
+        )
     if per_layer and attribution.layer_scores is None:
         raise ValueError(f"{attribution.method!r} has no layer_scores; use per_layer=False.")
     special = torch.tensor(sorted({int(i) for i in special_ids or []}), dtype=torch.long)

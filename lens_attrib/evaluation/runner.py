@@ -290,6 +290,29 @@ def journal_path(out: str | Path, shard: tuple[int, int] | None) -> Path:
     return out.with_name(f"{out.stem}{tag}.records.jsonl")
 
 
+def check_evaluate_args(
+    dataset: Sequence[Any], methods: Sequence[str], batch_size: Any, target: str
+) -> None:
+    """Clear errors for an empty dataset, a method list given as a string, bad counts."""
+    if len(dataset) == 0:
+        raise ValueError("evaluate: the dataset is empty; pass at least one item.")
+    if isinstance(methods, str):
+        raise TypeError(
+            f"evaluate: methods must be a list of method names, got the string {methods!r}: "
+            f"write [{methods!r}]."
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"evaluate: batch_size must be an integer >= 1, got {batch_size!r}.")
+    if target not in ("gold", "prediction"):
+        raise ValueError(f"evaluate: target must be 'gold' or 'prediction', got {target!r}.")
+    from lens_attrib.methods import METHODS
+    from lens_attrib.methods.registry import unknown_method_message
+
+    for name in methods:
+        if name not in METHODS:
+            raise KeyError(f"evaluate: {unknown_method_message(name)}")
+
+
 def evaluate(
     model: Any,
     dataset: Sequence[Any],
@@ -342,6 +365,7 @@ def evaluate(
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise KeyError(f"Unknown metrics {unknown}; known: {list(METRICS)}")
+    check_evaluate_args(dataset, methods, batch_size, target)
     if max_batch != "auto" and (isinstance(max_batch, str) or max_batch < 1):
         raise ValueError(f"max_batch must be a positive integer or 'auto', got {max_batch!r}")
     if out is not None and Path(out).suffix not in (".json", ".csv"):
@@ -637,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         "--n-items",
         "--n",
         dest="n",
-        type=int,
+        type=positive_int,
         default=50,
         help="number of items (under torchrun write --n-items: torchrun reads --n as its own)",
     )
@@ -679,7 +703,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         "--only-correct", action="store_true", help="explain only the items the model gets right"
     )
     parser.add_argument(
-        "--n-draws", type=int, default=15, help="Monte-Carlo draws of the soft metrics"
+        "--n-draws", type=positive_int, default=15, help="Monte-Carlo draws of the soft metrics"
     )
     parser.add_argument("--seed", type=int, default=0, help="data and metric seed")
     add_start_token_argument(parser)

@@ -69,6 +69,7 @@ from torch import Tensor
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import arch_of, token_embedding_hook
 from lens_attrib.evaluation.faithfulness import special_ids_of
+from lens_attrib.evaluation.validate import check_attribution, check_count, check_fractions
 from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.masking import embedding_mask_hook
 from lens_attrib.hooks.routing import fixed_routing_hooks, pattern_cache_hooks
@@ -219,8 +220,11 @@ def soft_metrics(
         raise ValueError(f"distance must be 'hellinger' or 'reagent', got {distance!r}")
     if routing not in ("dynamic", "fixed"):
         raise ValueError(f"routing must be 'dynamic' or 'fixed', got {routing!r}")
-    if n_draws < 1:
-        raise ValueError(f"n_draws must be >= 1, got {n_draws}")
+    check_attribution(attribution, "soft_metrics")
+    check_count(n_draws, "n_draws", "soft_metrics")
+    check_count(max_batch, "max_batch", "soft_metrics")
+    if pi_variants:
+        check_fractions(pis, "pis", "soft_metrics", open_=True)
     pis_t = torch.as_tensor(list(pis), dtype=torch.float64)
     n_pi = len(pis) if pi_variants else 0
     special = special_ids_of(model, special_ids) if keep_special else set()

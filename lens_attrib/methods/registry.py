@@ -20,6 +20,7 @@ specs (a spec is callable like its public function).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import time
@@ -34,12 +35,19 @@ from torch import Tensor
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
-from lens_attrib.errors import OptionError, TargetError
+from lens_attrib.errors import (
+    InputError,
+    ModelError,
+    NonFiniteError,
+    OptionError,
+    TargetError,
+)
+from lens_attrib.finite import check_score_weights, raise_if_weights_nonfinite
 from lens_attrib.forward import grad_context, no_grad_context
 from lens_attrib.heads import with_model_head
 from lens_attrib.inputs import Batch, StartTokenLike, start_token_meta, to_batch
 from lens_attrib.progress import bars_closed_after
-from lens_attrib.target import ResolvedTarget, Target
+from lens_attrib.target import ResolvedTarget, Target, warn_about_spaces
 
 
 @dataclass(frozen=True)
@@ -154,17 +162,8 @@ class MethodSpec:
     def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults filled in; unknown names and disallowed values raise :class:`OptionError`."""
         unknown = [k for k in given if k not in self.options]
-        if "heads" in unknown:
-            with_heads = sorted(n for n, s in METHODS.items() if s.head_relevances)
-            raise OptionError(
-                f"{self.name} has no per-head relevances (heads=True); methods that have them: "
-                f"{with_heads}."
-            )
         if unknown:
-            raise OptionError(
-                f"{self.name} has no option {unknown[0]!r}; its options: "
-                f"{sorted(self.options) or 'none'}."
-            )
+            raise unknown_option_error(self, unknown[0], given[unknown[0]])
         resolved = {name: opt.default for name, opt in self.options.items()}
         resolved.update(given)
         for name, value in given.items():
@@ -174,6 +173,35 @@ class MethodSpec:
 
 METHODS: dict[str, MethodSpec] = {}
 """Registered methods: name -> :class:`MethodSpec` (callable like the public function)."""
+
+TARGET_FIELDS = ("token", "foil", "position", "head", "regression", "generate", "labels")
+
+
+def unknown_option_error(spec: MethodSpec, name: str, value: Any) -> OptionError:
+    """An error for an option ``spec`` does not take, with the fix (Target fields, heads=True,
+    a close spelling)."""
+    options = sorted(spec.options) or "none"
+    if name == "heads":
+        takes = sorted(n for n, s in METHODS.items() if "heads" in s.options)
+        always = sorted(n for n, s in METHODS.items() if s.head_relevances and n not in takes)
+        if spec.head_relevances:
+            return OptionError(
+                f"{spec.name} always returns per-head relevances (attr.head_scores): it takes "
+                f"no heads= option, drop heads={value!r}. Its options: {options}."
+            )
+        return OptionError(
+            f"{spec.name} has no per-head relevances (heads={value!r}); methods that have "
+            f"them: {takes} (with heads=True) and {always} (always, in attr.head_scores)."
+        )
+    if name in TARGET_FIELDS:
+        return OptionError(
+            f"{spec.name} has no option {name!r}: {name} belongs to the Target, which is the "
+            f"third argument: attribute(model, inputs, Target({name}={value!r}), "
+            f"method={spec.name!r}). Its options: {options}."
+        )
+    close = difflib.get_close_matches(name, list(spec.options), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return OptionError(f"{spec.name} has no option {name!r}; its options: {options}.{hint}")
 
 
 def register(
@@ -228,6 +256,13 @@ def prepare(
             f"write Target({target!r}) for a token, and pass the method by name "
             "(method='...')."
         )
+    texts = prompt_texts(inputs)
+    if texts is not None and getattr(model, "tokenizer", None) is None:
+        raise InputError(
+            f"The model has no tokenizer, so the text {texts[0]!r} cannot be split into tokens "
+            "(a checkpoint folder without tokenizer files loads without one). Pass token ids, "
+            "or give it one: model.tokenizer = AutoTokenizer.from_pretrained(folder_with_it)."
+        )
     batch = to_batch(
         model,
         inputs,
@@ -237,11 +272,50 @@ def prepare(
         token_type_ids=token_type_ids,
     )
     target = with_model_head(model, target or Target())
+    warn_about_spaces(model, batch, target, texts)
     if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
         from lens_attrib.methods.generation import generation_batch
 
         batch, target, _ = generation_batch(model, batch, target)
     return batch, target
+
+
+def prompt_texts(inputs: Any) -> list[str] | None:
+    """The prompt strings of ``inputs`` (``None`` for ids, tokenizer outputs and tuples, which
+    may be sentence pairs)."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if isinstance(inputs, list) and inputs and all(isinstance(x, str) for x in inputs):
+        return list(inputs)
+    return None
+
+
+def check_model(model: Any) -> None:
+    """A clear error for something that is not a TransformerLens model (None, a name, a
+    tokenizer, a Hugging Face model)."""
+    if isinstance(model, torch.nn.Module) and hasattr(model, "cfg") and hasattr(model, "hooks"):
+        return
+    kind = type(model).__name__
+    if model is None:
+        problem = "model is None"
+    elif isinstance(model, str):
+        problem = f"model is the string {model!r}; load it first: model = load_model({model!r})"
+    elif hasattr(model, "convert_tokens_to_ids") or hasattr(model, "encode_batch"):
+        problem = (
+            f"model is a tokenizer ({kind}), not a model; pass the model: a model from "
+            "load_model(...) carries its tokenizer as model.tokenizer"
+        )
+    elif isinstance(model, torch.nn.Module) and hasattr(model, "config"):
+        problem = (
+            f"model is a Hugging Face {kind}, not a TransformerLens model; load the checkpoint "
+            "with lens_attrib.load_model(folder_or_name)"
+        )
+    else:
+        problem = f"model is a {kind}"
+    raise ModelError(
+        f"{problem}. The first argument must be a TransformerLens HookedTransformer or "
+        "HookedEncoder, e.g. lens_attrib.load_model('smollm2-135m')."
+    )
 
 
 def token_labels(model: Any, target: Target, ids: Tensor | None) -> list[str] | None:
@@ -269,9 +343,13 @@ def zero_after_target(t: Tensor | None, positions: Tensor, pos_dim: int) -> Tens
     return t.masked_fill(after.reshape(shape), 0.0)
 
 
-def check_finite(name: str, tensor: Tensor) -> None:
+def check_finite(name: str, tensor: Tensor, model: Any = None) -> None:
+    """Relevances are finite; else the non-finite weight is named (when ``model`` is given),
+    or the likely overflow."""
     if not torch.isfinite(tensor).all():
-        raise FloatingPointError(
+        if model is not None:
+            raise_if_weights_nonfinite(model)
+        raise NonFiniteError(
             f"{name} produced non-finite relevances (NaN/inf). In float32/bf16 this is usually an "
             "overflow: retry in float64 (model.to(torch.float64)) or with another baseline."
         )
@@ -447,9 +525,11 @@ def run_method(
     **options: Any,
 ) -> Attribution:
     """Validate, prepare, guard, run ``spec.core``, check and package (module docstring)."""
+    check_model(model)
     opts = spec.resolve_options(options)
     arch = arch_of(model)
     check_applies_to(spec.name, arch, spec.decoder, spec.encoder, spec.instead)
+    check_score_weights(model)
     if spec.parametrization:
         warn_if_processed(model, arch)
     started = time.perf_counter()
@@ -470,9 +550,9 @@ def run_method(
         if isinstance(err, RuntimeError) and "memory" not in str(err).lower():
             raise
         raise memory_error(spec, batch, err) from err
-    check_finite(spec.name, out.scores)
+    check_finite(spec.name, out.scores, model)
     if out.layer_scores is not None:
-        check_finite(spec.name, out.layer_scores)
+        check_finite(spec.name, out.layer_scores, model)
     return package(model, batch, target, spec, out, opts, started)
 
 
@@ -523,7 +603,7 @@ def attribute(
     ``meta["start_token"]`` (per item) and ``meta["start_token_policy"]`` record what was used.
     """
     if not isinstance(method, str) or method not in METHODS:
-        raise KeyError(f"Unknown method {method!r}. Registered: {sorted(METHODS)}")
+        raise KeyError(unknown_method_message(method))
     return run_method(
         METHODS[method],
         model,
@@ -535,6 +615,18 @@ def attribute(
         prepend_bos=prepend_bos,
         **options,
     )
+
+
+def unknown_method_message(method: Any) -> str:
+    """``Unknown method 'altilogit'. Did you mean 'alti_logit'? Registered: [...]``."""
+    hint = ""
+    if isinstance(method, str):
+        key = method.strip().lower().replace("-", "_").replace(" ", "_")
+        close = [key] if key in METHODS else difflib.get_close_matches(key, list(METHODS), n=3)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+    elif isinstance(method, Target):
+        hint = " The method is the fourth argument (or method='...'); the Target the third."
+    return f"Unknown method {method!r}.{hint} Registered: {sorted(METHODS)}"
 
 
 __all__ = [
