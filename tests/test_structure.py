@@ -147,3 +147,18 @@ def test_cli_types_check_before_anything_loads():
     for bad in ("0-2", "4/4", "x/2"):
         with pytest.raises(argparse.ArgumentTypeError, match="i/n"):
             shard(bad)
+
+
+def test_the_architecture_page_lists_every_module():
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = set(re.findall(r"`((?:lens_attrib|hooks)/[\w/]+\.py)`", page))
+    on_disk = {
+        str(path.relative_to(ROOT))
+        for folder in PACKAGE_DIRS.values()
+        for path in folder.rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert not on_disk - listed, f"modules missing from docs/ARCHITECTURE.md: {on_disk - listed}"
+    assert not listed - on_disk, (
+        f"docs/ARCHITECTURE.md lists modules that do not exist: {listed - on_disk}"
+    )
