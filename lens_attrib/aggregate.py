@@ -78,9 +78,17 @@ def _special_ids(tokenizer: Any) -> set[int]:
 
 
 def token_chars(
-    tokens: Sequence[str], ids: Sequence[int], text: str | None = None, tokenizer: Any = None
+    tokens: Sequence[str],
+    ids: Sequence[int],
+    text: str | None = None,
+    tokenizer: Any = None,
+    first_is_start: bool = False,
 ) -> tuple[str, list[CharSpan | None]]:
     """The text of one item and every token's character span in it (``None``: special token).
+
+    ``first_is_start``: the first token is the start token the library put in front of the text
+    (``meta["start_token"]``), a special token even where the tokenizer counts its id as the
+    unknown word (SmolLM2's ``<|endoftext|>``).
 
     With a fast ``tokenizer`` the spans are its offsets for ``text`` (default: the decoded
     non-special ids), which must tokenize back to exactly these ids. Without one the text is the
@@ -88,7 +96,7 @@ def token_chars(
     """
     if tokenizer is not None:
         specials = _special_ids(tokenizer)
-        special = [int(i) in specials for i in ids]
+        special = [int(i) in specials or (k == 0 and first_is_start) for k, i in enumerate(ids)]
         plain = [int(i) for i, s in zip(ids, special, strict=True) if not s]
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError(
@@ -109,8 +117,8 @@ def token_chars(
     spans: list[CharSpan | None] = []
     pieces: list[str] = []
     at = 0
-    for tok in tokens:
-        if _looks_special(tok):
+    for k, tok in enumerate(tokens):
+        if _looks_special(tok) or (k == 0 and first_is_start):
             spans.append(None)
             continue
         spans.append((at, at + len(tok)))
@@ -233,6 +241,14 @@ def _per_item(value: Any, n: int, what: str) -> list[Any]:
     return value
 
 
+def _starts_with_start_token(attribution: Attribution) -> list[bool]:
+    """Per item: whether its first real token is the start token (``meta["start_token"]``)."""
+    recorded = attribution.meta.get("start_token")
+    if not isinstance(recorded, list) or len(recorded) != len(attribution):
+        return [False] * len(attribution)
+    return [value is not None for value in recorded]
+
+
 def _real(attribution: Attribution, b: int) -> tuple[list[str], list[int]]:
     ids = attribution.token_ids[b][attribution.mask[b]].tolist()
     if ids and min(ids) < 0:
@@ -253,10 +269,11 @@ def to_words(
     whose offsets place the tokens in the text (e.g. ``model.tokenizer``).
     """
     texts = _per_item(text, len(attribution), "texts")
+    starts = _starts_with_start_token(attribution)
     groups, labels, chars = [], [], []
     for b in range(len(attribution)):
         tokens, ids = _real(attribution, b)
-        item_text, spans = token_chars(tokens, ids, texts[b], tokenizer)
+        item_text, spans = token_chars(tokens, ids, texts[b], tokenizer, starts[b])
         g, c = word_units(item_text, spans)
         groups.append(g)
         chars.append(c)
@@ -292,6 +309,7 @@ def to_spans(
     if len(per_item_spans) != n:
         raise ValueError(f"{len(per_item_spans)} span lists for an Attribution of {n} items.")
     texts = _per_item(text, n, "texts")
+    starts = _starts_with_start_token(attribution)
     nested_labels = labels is not None and len(labels) > 0 and not isinstance(labels[0], str)
     label_lists = (
         [list(x) for x in labels] if nested_labels else [labels] * n  # type: ignore[union-attr]
@@ -299,7 +317,7 @@ def to_spans(
     groups, names, chars = [], [], []
     for b in range(n):
         tokens, ids = _real(attribution, b)
-        item_text, token_spans = token_chars(tokens, ids, texts[b], tokenizer)
+        item_text, token_spans = token_chars(tokens, ids, texts[b], tokenizer, starts[b])
         item_spans = [(int(pair[0]), int(pair[1])) for pair in per_item_spans[b]]
         for (s0, e0), (s1, e1) in pairwise(item_spans):
             if s1 < e0:

@@ -44,19 +44,31 @@ def test_tiny_tokenizer_words_need_offsets_and_reconstruct_the_text(tiny):
 
 def test_smollm2_subwords_merge_by_leading_space_and_by_offsets(smollm2):
     attr = _attr(smollm2, SMOL_TEXT, "grad_x_input")
-    assert attr.tokens[0][3:5] == [" Tam", "ara"]  # the split this test is about
-    expected = ["The", " capital", " of", " Tamara,", " isn't", " it?", "\n", "\n", "Yes"]
+    assert attr.tokens[0][0] == "<|endoftext|>"  # the start token: a word of its own
+    assert attr.tokens[0][4:6] == [" Tam", "ara"]  # the split this test is about
+    expected = [
+        "<|endoftext|>",
+        "The",
+        " capital",
+        " of",
+        " Tamara,",
+        " isn't",
+        " it?",
+        "\n",
+        "\n",
+        "Yes",
+    ]
     by_space = attr.to_words()
     by_offsets = attr.to_words(tokenizer=smollm2.tokenizer, text=SMOL_TEXT)
     assert by_space.tokens[0] == expected
     assert by_offsets.tokens[0] == expected
-    assert "".join(by_space.tokens[0]) == SMOL_TEXT
+    assert "".join(by_space.tokens[0][1:]) == SMOL_TEXT
     assert by_space.meta["unit_tokens"] == by_offsets.meta["unit_tokens"]
     real = attr.scores[0][attr.mask[0]].double()
-    tamara = [3, 4, 5]  # " Tam", "ara", ","
-    assert by_space.meta["unit_tokens"][0][3] == tamara
+    tamara = [4, 5, 6]  # " Tam", "ara", ","
+    assert by_space.meta["unit_tokens"][0][4] == tamara
     for reduce in REDUCTIONS:
-        got = float(attr.to_words(reduce).scores[0, 3])
+        got = float(attr.to_words(reduce).scores[0, 4])
         piece = real[tamara]
         want = {
             "sum": piece.sum(),
