@@ -6,8 +6,11 @@ Two modes (``--mode``):
   (the model's last blocks fine-tuned with a linear head on its final residual, trained once
   and cached; the explained model is the classifier's own fine-tuned copy):
   ``<model>-sst2`` (SmolLM2-135M or MiniLM-L6) on SST-2 dev sentences, ``minilm-l6-stsb`` on the
-  held-out 30 % of STS-B dev (regression). The explained scalar is the head's logit of its
-  predicted class (regression: its output), ``Target(head=…, position=<feature position>)``.
+  held-out 30 % of STS-B dev (regression; each ``(sentence1, sentence2)`` pair carries its
+  segment ids, as in training, through every forward and perturbation). The explained scalar is
+  the head's logit of its predicted class (regression: its output),
+  ``Target(head=…, position=<feature position>)``. ``--frozen`` explains the classifier's first
+  training stage instead, the linear head on the frozen model.
 - ``zero-shot``: an instruction-tuned decoder (SmolLM2-135M-Instruct) prompted for the label:
   SST-2 (validation), an IMDb sample and BoolQ (validation) become chat prompts —
   ``tokenizer.apply_chat_template`` with the generation prompt, followed by ``"Sentiment:"`` /
