@@ -6,8 +6,11 @@ Two modes (``--mode``):
   (the model's last blocks fine-tuned with a linear head on its final residual, trained once
   and cached; the explained model is the classifier's own fine-tuned copy):
   ``<model>-sst2`` (SmolLM2-135M or MiniLM-L6) on SST-2 dev sentences, ``minilm-l6-stsb`` on the
-  held-out 30 % of STS-B dev (regression). The explained scalar is the head's logit of its
-  predicted class (regression: its output), ``Target(head=…, position=<feature position>)``.
+  held-out 30 % of STS-B dev (regression; each ``(sentence1, sentence2)`` pair carries its
+  segment ids, as in training, through every forward and perturbation). The explained scalar is
+  the head's logit of its predicted class (regression: its output),
+  ``Target(head=…, position=<feature position>)``. ``--frozen`` explains the classifier's first
+  training stage instead, the linear head on the frozen model.
 - ``zero-shot``: an instruction-tuned decoder (SmolLM2-135M-Instruct) prompted for the label:
   SST-2 (validation), an IMDb sample and BoolQ (validation) become chat prompts —
   ``tokenizer.apply_chat_template`` with the generation prompt, followed by ``"Sentiment:"`` /
@@ -73,7 +76,7 @@ from experiments.common import (
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
-from lens_attrib.classifiers import Classifier, load_classifier, pair_ids, stsb_split
+from lens_attrib.classifiers import Classifier, load_classifier, stsb_split
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import aopc, insertion_deletion, pearson_drop, soft_metrics
@@ -125,6 +128,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     )
     parser.add_argument(
         "--dev-n", type=int, default=None, help="classifier dev items scored (default: all)"
+    )
+    parser.add_argument(
+        "--frozen",
+        action="store_true",
+        help="classifier: explain the linear head on the frozen model (the classifier's first "
+        "training stage) instead of the fine-tuned classifier",
     )
     parser.add_argument("--steps", type=int, default=20, help="insertion/deletion steps")
     parser.add_argument("--no-curves", action="store_true", help="skip insertion/deletion")
@@ -313,7 +322,7 @@ def manifest(args: Any) -> dict[str, Any]:
     """What fixes the items and their scores (the journal refuses to mix other settings)."""
     keys = ("mode", "model", "seed", "n", "train_n", "dev_n", "max_tokens", "n_draws", "pis",
             "fractions", "steps", "no_curves", "no_fixed", "no_chat", "batch_size")  # fmt: skip
-    return {k: getattr(args, k) for k in keys}
+    return {k: getattr(args, k) for k in keys} | ({"frozen": True} if args.frozen else {})
 
 
 Run = tuple[list[dict[str, Any]], dict[str, float], list[Any], list[Any], list[dict[str, Any]]]
@@ -372,8 +381,9 @@ def classifier_items(
     model: Any, clf: Classifier, dataset: str, args: Any
 ) -> tuple[list[Any], list[Any]]:
     """(inputs, gold labels / scores) of the evaluated items: SST-2 dev sentences, or the
-    STS-B pairs the regression head was not trained on (each text truncated to
-    ``--max-tokens``)."""
+    STS-B pairs the regression head was not trained on as ``(sentence1, sentence2)`` tuples
+    (each text truncated to ``--max-tokens``), which every forward — scoring, explaining, each
+    perturbation — encodes with their segment ids, as the classifier was trained."""
     if dataset == "sst2":
         items = load_sst2("validation", n=args.n, seed=args.seed)
         sentences = [truncate(model.tokenizer, it.prompt, args.max_tokens) for it in items]
@@ -383,8 +393,7 @@ def classifier_items(
         items = held[: args.n]
         tok = model.tokenizer
         pairs = [
-            pair_ids(
-                tok,
+            (
                 truncate(tok, it.meta["sentence1"], args.max_tokens),
                 truncate(tok, it.meta["sentence2"], args.max_tokens),
             )
@@ -395,10 +404,13 @@ def classifier_items(
 
 
 def classifier_outputs(model: Any, clf: Classifier, inputs: list[Any]) -> torch.Tensor:
-    """The head's outputs ``[n, n_out]`` at the feature position of every input."""
+    """The head's outputs ``[n, n_out]`` at the feature position of every input (sentence
+    pairs with their segment ids)."""
     batch = to_batch(model, inputs)
     positions = clf.target().positions(batch)
-    return head_outputs(model, batch.tokens, batch.mask, positions, head=clf.head).cpu()
+    return head_outputs(
+        model, batch.tokens, batch.mask, positions, head=clf.head, token_types=batch.token_types
+    ).cpu()
 
 
 def pearson_drop_rows(
@@ -463,7 +475,11 @@ def run_classifiers(
     fractions = [float(f) for f in parse_list(args.fractions)]
     for dataset in datasets:
         clf = load_classifier(
-            f"{args.model}-{dataset}", model=model, n_train=args.train_n, n_dev=args.dev_n
+            f"{args.model}-{dataset}",
+            model=model,
+            n_train=args.train_n,
+            n_dev=args.dev_n,
+            frozen=args.frozen,
         )
         regression = clf.info.regression
         inputs, gold = classifier_items(clf.model, clf, dataset, args)

@@ -21,12 +21,15 @@ decoders: last real token through ``ln_final``; encoders: ``[CLS]``), fitted on 
 30 blocks, 1 epoch; MiniLM k = 6 of 6, 2 epochs on SST-2 and 6 on STS-B; lr 5e-5, head 5e-4).
 Training phrases are the first ones of the (shuffled) GLUE SST-2 train file with at least four
 words (the dev set holds whole sentences; one- to three-word phrases add little). STS-B pairs are
-encoded as the tokenizer's pair encoding ``[CLS] s1 [SEP] s2 [SEP]`` given as token ids only
-(:func:`pair_ids`), so ``minilm-l6-stsb`` was trained, fine-tuned, scored and is explained with
-segment 0 on every token (all-MiniLM-L6-v2 itself was trained on single sentences): its head
-and every result computed with it describe that model consistently. Pairs given as
-``(s1, s2)`` tuples (or ids with ``token_type_ids``) carry segment 1 on ``s2 [SEP]``
-(:mod:`lens_attrib.inputs`); a classifier trained that way must also be explained that way.
+given as ``(sentence1, sentence2)`` tuples (:func:`stsb_inputs`), which
+:func:`lens_attrib.inputs.to_batch` encodes as the tokenizer's pair encoding
+``[CLS] s1 [SEP] s2 [SEP]`` *with* its segment ids (``token_type_ids``: 0 on ``[CLS] s1 [SEP]``,
+1 on ``s2 [SEP]``), so ``minilm-l6-stsb`` is trained, fine-tuned, scored and explained with the
+segments BERT-style pair models read. (Until 2026-11-25 the pairs were given as token ids only,
+segment 0 on every token; the cache key now records the pair encoding, :data:`PAIR_ENCODING`,
+so a head trained that way is never reused.) A pair-trained classifier must be explained with
+the same segments: pass ``(s1, s2)`` tuples, or ids with ``token_type_ids``
+(:mod:`lens_attrib.inputs`).
 The regression head predicts the 0–5 score.
 
 Cache: ``$LENS_ATTRIB_CACHE/classifiers/<name>-<data hash>-s<seed>/`` holds the linear head
@@ -36,13 +39,15 @@ weight decay, recipe version) and the training features;
 ``linear_dev_score`` and the fine-tune's settings, steps, final loss and time). A head fitted by
 an earlier recipe (``heads.HEAD_FIT``) is refitted from the cached features and re-tuned. First
 use, measured on the 2 shared CPU cores of this project's machines with other jobs running
-(1 torch thread): about 30 min for ``minilm-l6-stsb`` (fine-tune 29 min), 55 min for
+(1 torch thread): 11 to 30 min for ``minilm-l6-stsb`` (fine-tune 10.5 min on 2026-11-25 with two
+other jobs beside it, 29 min under a heavier load), 55 min for
 ``minilm-l6-sst2`` (features 8 min, fine-tune 44 min), 2 h for ``smollm2-135m-sst2`` (features
 54 min, fine-tune 59 min); later calls load in seconds.
 
 Reached (dev accuracy / Pearson r; linear head on the frozen model → fine-tuned, measured
-2026-11-25): ``minilm-l6-sst2`` 0.752 → 0.852 (goal 0.85), ``minilm-l6-stsb`` 0.491 → 0.759 on
-the held-out 30 % (goal 0.75), ``smollm2-135m-sst2`` 0.818 → 0.830 (goal 0.85; one epoch over
+2026-11-25): ``minilm-l6-sst2`` 0.752 → 0.852 (goal 0.85), ``minilm-l6-stsb`` 0.511 → 0.760 on
+the held-out 30 % with segment ids (goal 0.75; segment 0 on every token gave 0.491 → 0.759),
+``smollm2-135m-sst2`` 0.818 → 0.830 (goal 0.85; one epoch over
 6,000 phrases with 4 of 30 blocks tuned, the most this machine allowed). The SmolLM2 scores
 were measured before the start-token policy (:func:`lens_attrib.inputs.start_token_of`), on
 prompts without ``<|endoftext|>``; the classifier is now trained and explained with it (a new
@@ -81,6 +86,9 @@ from lens_attrib.target import Target
 SST2_LABELS = ("negative", "positive")
 STSB_TRAIN_SHARE = 0.7
 MIN_WORDS = 4
+PAIR_ENCODING = "token_type_ids"
+"""How sentence-pair inputs are encoded (the tokenizer's pair encoding with its segment ids);
+part of the cache key of a classifier trained on pairs (:func:`data_hash`)."""
 
 
 @dataclass(frozen=True)
@@ -157,14 +165,10 @@ def stsb_split(seed: int = 0) -> tuple[list[Any], list[Any]]:
     return [items[i] for i in order[:cut]], [items[i] for i in order[cut:]]
 
 
-def pair_ids(tokenizer: Any, first: str, second: str) -> list[int]:
-    """The tokenizer's pair encoding ``[CLS] first [SEP] second [SEP]`` as token ids."""
-    return [int(t) for t in tokenizer(first, second, add_special_tokens=True)["input_ids"]]
-
-
-def stsb_inputs(model: Any, items: Sequence[Any]) -> list[list[int]]:
-    """Pair encodings of STS-B items (``meta["sentence1"]``, ``meta["sentence2"]``)."""
-    return [pair_ids(model.tokenizer, it.meta["sentence1"], it.meta["sentence2"]) for it in items]
+def stsb_inputs(items: Sequence[Any]) -> list[tuple[str, str]]:
+    """STS-B items as ``(meta["sentence1"], meta["sentence2"])`` sentence pairs, which
+    :func:`lens_attrib.inputs.to_batch` encodes with their segment ids (module docstring)."""
+    return [(str(it.meta["sentence1"]), str(it.meta["sentence2"])) for it in items]
 
 
 def task_data(
@@ -188,11 +192,15 @@ def task_data(
         fit, held = stsb_split(spec.seed)
         fit, held = fit[: spec.n_train], held[:n_dev]
         return (
-            stsb_inputs(model, fit),
+            stsb_inputs(fit),
             torch.tensor([it.meta["score"] for it in fit], dtype=torch.float64),
-            stsb_inputs(model, held),
+            stsb_inputs(held),
             torch.tensor([it.meta["score"] for it in held], dtype=torch.float64),
-            {"train": "STS-B dev, 70 % split", "dev": "STS-B dev, held-out 30 %"},
+            {
+                "train": "STS-B dev, 70 % split",
+                "dev": "STS-B dev, held-out 30 %",
+                "pair_encoding": PAIR_ENCODING,
+            },
         )
     raise ValueError(f"unknown task {spec.task!r}")
 
@@ -200,13 +208,16 @@ def task_data(
 def data_hash(
     model_name: str, inputs: Sequence[Any], targets: Tensor, start_token: str | None = None
 ) -> str:
-    """SHA-256 of the model name, the training inputs and targets, and the start token text
+    """SHA-256 of the model name, the training inputs and targets, the start token text
     prompts get (:func:`lens_attrib.inputs.start_token_of`; left out when there is none, e.g.
-    encoders): the cache key, so that a head trained under another start token is never
-    reused."""
+    encoders) and, when the inputs are sentence pairs, their encoding (:data:`PAIR_ENCODING`):
+    the cache key, so that a head trained under another start token or pair encoding is never
+    reused. Inputs without pairs (SST-2) keep the key they always had."""
     parts: list[Any] = [model_name, list(inputs), targets.tolist()]
     if start_token is not None:
         parts.append({"start_token": start_token})
+    if any(isinstance(x, tuple) for x in inputs):
+        parts.append({"pairs": PAIR_ENCODING})
     payload = json.dumps(parts, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
@@ -300,6 +311,7 @@ def load_classifier(
     device: str | torch.device | None = None,
     n_train: int | None = None,
     n_dev: int | None = None,
+    frozen: bool = False,
 ) -> Classifier:
     """A built-in classifier (module docstring): trained on first use, then loaded from the cache.
 
@@ -309,6 +321,8 @@ def load_classifier(
     is part of the cache key and recorded in ``info.metadata["start_token"]``.
     ``n_train`` / ``n_dev``: fewer training / dev items than the built-in setting (quick checks
     and tests; a different training set is a different cache entry).
+    ``frozen``: the first training stage only, the linear head on the frozen base ``model``
+    (its ``info.metadata`` holds that head's dev score), not the fine-tuned classifier.
     """
     from lens_attrib.models import cache_root, load_model
 
@@ -337,7 +351,7 @@ def load_classifier(
         model_name=spec.model,
         extra={"name": name, "model": spec.model, "task": spec.task, **about},
     )
-    if spec.tuned_blocks:
+    if spec.tuned_blocks and not frozen:
         model, head, meta = tune_or_load(
             model, head, meta, folder, spec, inputs, targets, dev_inputs, dev_targets
         )
@@ -401,12 +415,12 @@ def tune_or_load(
 
 __all__ = [
     "CLASSIFIERS",
+    "PAIR_ENCODING",
     "Classifier",
     "ClassifierInfo",
     "ClassifierSpec",
     "data_hash",
     "load_classifier",
-    "pair_ids",
     "sst2_train_items",
     "stsb_inputs",
     "stsb_split",

@@ -105,8 +105,9 @@ def residual_features(
 ) -> Float[Tensor, "n d_model"]:
     """Final residual at the feature position of every input (no gradients, batched).
 
-    ``inputs``: anything :func:`lens_attrib.inputs.to_batch` takes item by item — strings, or
-    token-id lists (e.g. a tokenizer's pair encoding ``[CLS] s1 [SEP] s2 [SEP]``).
+    ``inputs``: anything :func:`lens_attrib.inputs.to_batch` takes item by item — strings,
+    ``(s1, s2)`` sentence pairs (encoders: ``[CLS] s1 [SEP] s2 [SEP]`` with its segment ids), or
+    token-id lists (segment 0 on every token).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
