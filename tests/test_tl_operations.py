@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from lens_attrib import attribute, load_model
+from lens_attrib import Target, attribute, load_model
 from lens_attrib.fastpath import enable_fast_forward, is_fast_forward
 from lens_attrib.models import quiet_deprecation, share_equal_rotary_tables
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama, tiny_tokenizer
@@ -410,3 +410,21 @@ def test_warning_for_a_layernorm_model_states_what_processing_did():
     )  # the float32 rounding of the processed weights (see the warning)
     gap = (new.log_softmax(-1) - old.log_softmax(-1)).abs().max()
     assert float(gap) <= 1e-5 * float(old.log_softmax(-1).abs().max())
+
+
+def test_every_method_warns_when_centred_logits_are_explained_without_foil():
+    model = tiny_llama(dtype=F64)
+    model.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=True)
+    with pytest.warns(UserWarning, match="center_unembed") as caught:
+        attribute(model, "the dog sees the cat", method="grad_x_input")  # reads no parametrisation
+    assert any("Pass a foil" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model, and never for a contrastive target
+        attribute(model, "the dog sees the cat", method="gradient")
+        fresh = tiny_llama(dtype=F64)
+        fresh.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=True)
+        attribute(fresh, "the dog sees the cat", Target(token="cat", foil="dog"), method="gradient")
+    unprocessed = tiny_llama(dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unprocessed model: no warning at all
+        attribute(unprocessed, "the dog sees the cat", method="grad_x_input")

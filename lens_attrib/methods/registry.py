@@ -130,7 +130,9 @@ class MethodSpec:
     position), so a contrastive label is meaningless for it; needs_head: without a head on top
     (an encoder without MLM head) it cannot run, otherwise it runs position-only;
     parametrization: its scores change when TransformerLens processes the weights (folding
-    norms, centring), although the model's outputs do not.
+    norms, centring) beyond the float rounding of that processing (see
+    :func:`warn_if_processed`; ``center_unembed`` changes every non-contrastive target's logit,
+    :func:`warn_if_logits_centred`).
     """
 
     name: str
@@ -512,6 +514,29 @@ def warn_if_processed(model: Any, arch: Arch) -> None:
     )
 
 
+_WARNED_CENTRED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def warn_if_logits_centred(model: Any, arch: Arch, method: str) -> None:
+    """Warn once per model when ``center_unembed`` moved the logit a non-contrastive target
+    explains: every method explains that number, so every method's scores change with it
+    (a foil cancels the shift: logit differences are unchanged)."""
+    if model in _WARNED_CENTRED or model in _WARNED_PROCESSED:
+        return
+    if not any(p.startswith("center_unembed") for p in processing_signatures(model, arch)):
+        return
+    _WARNED_CENTRED.add(model)
+    warnings.warn(
+        f"{method}: this model's unembedding was centred by TransformerLens (center_unembed), "
+        "which moves every logit at a position by the same amount, so the logit a target "
+        "without foil explains is not the checkpoint's and every method's scores change with "
+        "it. Pass a foil (Target(token, foil=...): logit differences are unchanged), or load "
+        "the model without processing (lens_attrib.load_model(...)).",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def run_method(
     spec: MethodSpec,
     model: Any,
@@ -532,6 +557,8 @@ def run_method(
     check_score_weights(model)
     if spec.parametrization:
         warn_if_processed(model, arch)
+    elif not (isinstance(target, Target) and target.contrastive):
+        warn_if_logits_centred(model, arch, spec.name)
     started = time.perf_counter()
     batch, target = prepare(
         model,
