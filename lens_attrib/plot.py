@@ -517,9 +517,12 @@ def head_heatmap(attribution: Attribution, item: int = 0, title: str | None = No
             hovertemplate="%{y} %{x}<br>relevance %{z:.4g}<extra></extra>",
         )
     )
-    fig.update_layout(
+    fig.update_layout(yaxis={"autorange": "reversed"})
+    _fit_heatmap(
+        fig,
+        n_layers,
+        row_px=18,
+        axis_px=40,
         title=title or _explained_title(f"{attribution.method} per head → ", attribution, item),
-        height=max(300, 18 * n_layers + 140),
-        yaxis={"autorange": "reversed"},
     )
     return fig
