@@ -621,6 +621,12 @@ BAD_CALLS += [
         "1 of 2 items",
     ),
     (
+        "JSONL target and foil without space: one item, two problems",
+        lambda m, b: load_items(_items_file([_item(target="are", foil="is"), _item()])),
+        InputWarning,
+        "space problem (2 in all)",
+    ),
+    (
         "JSONL prompt ending in a space",
         lambda m, b: load_items(_items_file([_item(prompt="the keys to the cabinet ")])),
         InputWarning,

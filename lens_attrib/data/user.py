@@ -266,8 +266,12 @@ def load_items(
         if w not in spaces:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if spaces:
+        flagged = {
+            where for where, _ in rows if any(f"{where}: " in str(w.message) for w in spaces)
+        }
         warnings.warn(
-            f"{len(spaces)} of {len(items)} items of {path} have a space problem; first: "
+            f"{len(flagged)} of {len(items)} items of {path} have a space problem "
+            f"({len(spaces)} in all); first: "
             f"{spaces[0].message}",
             InputWarning,
             stacklevel=2,
