@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from lens_attrib import attribute
+from lens_attrib import Target, attribute
 from lens_attrib.backend import arch_of, processing_signatures
 from lens_attrib.methods.registry import _WARNED_PROCESSED
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
@@ -51,11 +51,16 @@ def test_processing_is_detected_and_warned_once(kwargs, phrase):
 
 
 def test_methods_that_do_not_read_the_parametrisation_do_not_warn():
-    model = tiny_gpt2(dtype=F64)
-    model.process_weights_()
+    # folding and centring the writing weights leave every logit as it was: no warning
+    folded = tiny_gpt2(dtype=F64)
+    folded.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=False)
+    # center_unembed moves raw logits, not logit differences: a contrastive target is unaffected
+    centred = tiny_gpt2(dtype=F64)
+    centred.process_weights_()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        attribute(model, "the dog", method="grad_x_input")
+        attribute(folded, "the dog", method="grad_x_input")
+        attribute(centred, "the dog", Target(token="dog", foil="the"), method="grad_x_input")
 
 
 def test_encoder_grad_x_input_is_not_degenerate_by_default(minilm):
