@@ -8,6 +8,8 @@ softmax of logits read directly from ``model(tokens)``.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -25,7 +27,9 @@ GENERATION_METHODS = sorted(n for n, s in METHODS.items() if s.decoder and n not
 ARRAYS = ("scores", "layer_scores", "head_scores")
 
 
+@functools.cache
 def _model(arch: str):
+    """One float64 model per architecture for the module (every call leaves it as it was)."""
     return DECODERS[arch](dtype=torch.float64)
 
 
