@@ -46,6 +46,10 @@ class Target:
     regression: the head has a single output that is explained directly (``token`` is ignored).
     generate:  number of greedy generation steps to explain (one target per generated token);
                supported by the methods that say so.
+    continuation: a given continuation to explain by forced decoding (one target per token,
+               as with ``generate``): a string (tokenized on its own, without special tokens),
+               token ids, or for a batch of prompts one string / id list per prompt. With it,
+               ``foil`` may be a list aligned with the steps (a list per prompt for a batch).
     labels:    names of a class head's outputs (for display: ``labels[y]``); class heads are
                otherwise shown as ``class y``. With labels, a class head's token/foil may be
                given by name.
@@ -62,8 +66,19 @@ class Target:
     generate: int = 0
     labels: Sequence[str] | None = None
     label: TokenSpec = None
+    continuation: Any = None
 
     def __post_init__(self) -> None:
+        if self.continuation is not None:
+            object.__setattr__(self, "continuation", _normalize_continuation(self.continuation))
+            if not isinstance(self.generate, bool) and self.generate != 0:
+                raise TargetError(
+                    f"Target got continuation= and generate={self.generate!r}: a continuation is "
+                    "given (forced decoding) or generated greedily, pass one of them."
+                )
+            foil: Any = self.foil
+            if _is_nested(foil):
+                object.__setattr__(self, "foil", [_normalize_spec(f, "foil") for f in foil])
         if self.label is not None:
             if self.token is not None:
                 raise TargetError(
@@ -73,6 +88,8 @@ class Target:
             object.__setattr__(self, "token", self.label)
             object.__setattr__(self, "label", None)
         for what in ("token", "foil"):
+            if what == "foil" and self.continuation is not None and _is_nested(self.foil):
+                continue  # one foil list per prompt, normalized above
             object.__setattr__(self, what, _normalize_spec(getattr(self, what), what))
         object.__setattr__(self, "position", _normalize_position(self.position))
         if self.head is not None and not callable(self.head):
@@ -273,6 +290,65 @@ def _normalize_spec(spec: Any, what: str) -> TokenSpec:
         f"{what} must be a string, an id, a list of them or a tensor, got "
         f"{type(spec).__name__} {spec!r}."
     )
+
+
+def _is_nested(spec: Any) -> bool:
+    """A list whose entries are lists / tensors (one foil list per prompt)."""
+    return (
+        isinstance(spec, Sequence)
+        and not isinstance(spec, str)
+        and len(spec) > 0
+        and all(
+            isinstance(x, Sequence | Tensor | np.ndarray) and not isinstance(x, str) for x in spec
+        )
+    )
+
+
+def _one_continuation(spec: Any, where: str) -> str | list[int]:
+    """A single continuation: a non-empty string or a non-empty list of token ids."""
+    if isinstance(spec, np.ndarray):
+        spec = torch.as_tensor(spec)
+    if isinstance(spec, Tensor):
+        if spec.dtype.is_floating_point or spec.dtype.is_complex or spec.ndim != 1:
+            raise TargetError(
+                f"A continuation given as a tensor must hold integer token ids in one dimension, "
+                f"got a {spec.dtype} tensor of shape {tuple(spec.shape)}{where}."
+            )
+        spec = spec.tolist()
+    if isinstance(spec, str):
+        if not spec:
+            raise TargetError(
+                f"The continuation{where} is an empty string: there is no token to explain. "
+                "Pass at least one token of text."
+            )
+        return spec
+    if isinstance(spec, Sequence) and all(
+        isinstance(x, int | np.integer) and not isinstance(x, bool) for x in spec
+    ):
+        if not spec:
+            raise TargetError(
+                f"The continuation{where} is empty: there is no token to explain. Pass at "
+                "least one token id."
+            )
+        return [int(x) for x in spec]
+    raise TargetError(
+        f"continuation{where} must be a string or a list of token ids, got "
+        f"{type(spec).__name__} {spec!r}."
+    )
+
+
+def _normalize_continuation(spec: Any) -> str | list[int] | list[str | list[int]]:
+    """One continuation (string / ids) or one per prompt (a list of strings / id lists)."""
+    if (
+        isinstance(spec, Sequence)
+        and not isinstance(spec, str)
+        and len(spec) > 0
+        and all(isinstance(x, str | Sequence | Tensor | np.ndarray) for x in spec)
+    ):
+        return [_one_continuation(x, f" of prompt {i}") for i, x in enumerate(spec)]
+    if isinstance(spec, Tensor) and spec.ndim == 2:
+        return [_one_continuation(x, f" of prompt {i}") for i, x in enumerate(spec)]
+    return _one_continuation(spec, "")
 
 
 def check_flags(regression: Any, labels: Any) -> None:

@@ -176,7 +176,16 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {}
 """Registered methods: name -> :class:`MethodSpec` (callable like the public function)."""
 
-TARGET_FIELDS = ("token", "foil", "position", "head", "regression", "generate", "labels")
+TARGET_FIELDS = (
+    "token",
+    "foil",
+    "position",
+    "head",
+    "regression",
+    "generate",
+    "continuation",
+    "labels",
+)
 
 
 def unknown_option_error(spec: MethodSpec, name: str, value: Any) -> OptionError:
@@ -275,7 +284,7 @@ def prepare(
     )
     target = with_model_head(model, target or Target())
     warn_about_spaces(model, batch, target, texts)
-    if target.generate > 0:  # one row per greedily generated step (methods/generation.py)
+    if target.generate > 0 or target.continuation is not None:  # one row per step (generation.py)
         from lens_attrib.methods.generation import generation_batch
 
         batch, target, _ = generation_batch(model, batch, target)
