@@ -133,18 +133,21 @@ class Attribution:
         ``steps``, …) that prompt's own. ``attr[i]`` by contrast selects rows (steps) and
         keeps the per-prompt entries of the whole batch, with ``meta["step_prompt"]`` /
         ``meta["step_index"]`` saying whose step each row is."""
-        rows_of = self.meta.get("step_prompt")
-        if "generated_ids" not in self.meta or rows_of is None:
+        from lens_attrib.tidy import is_generation, step_labels
+
+        if not is_generation(self):
             raise ValueError(
                 "prompt_steps() selects the steps of one prompt of a generation; this "
                 f"{self.method!r} Attribution explains no Target(generate=N) or "
                 "Target(continuation=...): index its items with attr[i]."
             )
-        prompts = sorted(set(rows_of))
+        labels = step_labels(self)
+        prompts = sorted({b for b, _ in labels})
         if prompt not in prompts:
             raise IndexError(f"prompt={prompt!r} is not one of this Attribution's {prompts}.")
-        rows = [r for r, b in enumerate(rows_of) if b == prompt]
-        rows.sort(key=lambda r: self.meta["step_index"][r])
+        rows = sorted(
+            (r for r, (b, _) in enumerate(labels) if b == prompt), key=lambda r: labels[r][1]
+        )
         picked = self[rows]
         meta = dict(picked.meta)
         batched = isinstance(self.meta.get("prompt_length"), list)
@@ -152,7 +155,7 @@ class Attribution:
             if batched and key in meta:
                 meta[key] = meta[key][prompt]
         meta["step_prompt"] = [0] * len(rows)
-        meta["step_index"] = [self.meta["step_index"][r] for r in rows]
+        meta["step_index"] = [labels[r][1] for r in rows]
         return replace(picked, meta=meta)
 
     def check_item(self, item: Any, who: str = "item") -> int:

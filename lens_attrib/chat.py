@@ -209,6 +209,12 @@ def chat_inputs(inputs: Any) -> tuple[Any, list[list[dict[str, Any]]] | None]:
         and all(isinstance(x, ChatPrompt) for x in inputs)
     ):
         return [list(x.ids) for x in inputs], [x.records() for x in inputs]
+    if isinstance(inputs, list | tuple) and any(isinstance(x, ChatPrompt) for x in inputs):
+        kinds = sorted({type(x).__name__ for x in inputs})
+        raise InputError(
+            f"The inputs mix ChatPrompts with other inputs ({kinds}): pass a list of "
+            "ChatPrompts only (chat_prompt(model, messages) for each conversation)."
+        )
     return inputs, None
 
 

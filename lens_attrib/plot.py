@@ -529,6 +529,11 @@ def head_heatmap(attribution: Attribution, item: int = 0, title: str | None = No
 
 
 # --------------------------------------------------------------------------- generations
+BLANK_GREY = "#b4b4b4"
+"""Background of a step × token map, seen where a cell is blank (outside the diverging scale,
+whose zero is white)."""
+
+
 def _blank_after_explained(attribution: Attribution, row: int, n_units: int) -> list[bool]:
     """Per real token (or aggregated unit) of ``row``: after the explained position (cannot
     influence a causal model's step, shown blank rather than as a zero)."""
@@ -551,8 +556,9 @@ def step_heatmap(attribution: Attribution, prompt: int = 0, title: str | None = 
     per word / span / role of an aggregated Attribution (``to_words``, ``to_roles``).
 
     Signed relevance in diverging colours (zero = white, one colour range for the whole map);
-    cells after each step's explained position are left blank (not zero-coloured): the causal
-    triangle. A black line marks where the prompt ends (token columns).
+    cells after each step's explained position are left blank (NaN, shown in the grey
+    background, not zero-coloured): the causal triangle. A black line marks where the prompt
+    ends (token columns).
     """
     import numpy as np
 
@@ -597,7 +603,11 @@ def step_heatmap(attribution: Attribution, prompt: int = 0, title: str | None = 
             hovertemplate="step %{y}<br>%{x}<br>relevance %{z:.4g}<extra></extra>",
         )
     )
-    fig.update_layout(xaxis={"tickangle": -45}, yaxis={"autorange": "reversed"})
+    fig.update_layout(  # blank cells show the grey background: not a colour of the scale
+        xaxis={"tickangle": -45, "showgrid": False, "zeroline": False},
+        yaxis={"autorange": "reversed", "showgrid": False, "zeroline": False},
+        plot_bgcolor=BLANK_GREY,
+    )
     prompt_length = steps.meta.get("prompt_length")
     if "unit_tokens" not in steps.meta and isinstance(prompt_length, int):
         fig.add_vline(x=prompt_length - 0.5, line={"color": "black", "width": 2})
@@ -605,6 +615,7 @@ def step_heatmap(attribution: Attribution, prompt: int = 0, title: str | None = 
     heading = f"{attribution.method}: step × {unit} relevance"
     if isinstance(attribution.meta.get("prompt_length"), list):
         heading += f" (prompt {prompt})"
+    heading += "; grey: after the step's explained token"
     _fit_heatmap(
         fig,
         len(rows),

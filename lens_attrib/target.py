@@ -75,6 +75,9 @@ class Target:
                token (Inseq's fill rule; 1:1 for equal lengths). ``meta["step_scores"]`` also
                reports the contrast token under its *own* prefix ``prompt + contrast[:a(s)]``
                (Inseq's contrastive step scores), see :func:`generation.contrast_step_scores`.
+               Inseq's ``contrast_force_inputs=True`` (the contrast logit on its own prefix as
+               part of the explained scalar) is not offered: that term does not depend on the
+               explained input, so gradients ignore it and conservation would break.
     contrast_alignments: ``[(step, contrast index), ...]`` (see ``contrast``).
 
     A single token, foil or position is used for every item of the batch.

@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from lens_attrib import ChatPrompt, Target, attribute, chat_prompt
+from lens_attrib import Attribution, ChatPrompt, Target, attribute, chat_prompt
 from lens_attrib.errors import InputError
 from lens_attrib.models import keep_tokenizer_as_is
 from lens_attrib.tiny_models import tiny_llama, tiny_tokenizer
@@ -100,7 +100,7 @@ def test_template_bos_is_not_doubled_and_plain_templates_get_the_start_token():
     assert none.ids == plain.ids[1:] and none.segments[0].role == "user"
 
 
-def test_attribute_a_chat_prompt_records_roles():
+def test_attribute_a_chat_prompt_records_roles(tmp_path):
     model = _chat_model(CHATML)
     prompt = chat_prompt(model, MESSAGES)
     reply = "the cat sees the dog"
@@ -115,6 +115,9 @@ def test_attribute_a_chat_prompt_records_roles():
     assert by_turn.tokens[0] == turns
     with_chat = by_ids.to_roles(prompt)  # the segments given instead of recorded
     assert torch.equal(with_chat.scores, roles.scores)
+    loaded = Attribution.load(attr.save(tmp_path / "chat.safetensors"))  # no model needed
+    assert loaded.meta["chat"] == attr.meta["chat"]
+    assert torch.equal(loaded.to_roles().scores, roles.scores)
     for r in range(len(attr)):  # sums: role units add up the tokens they hold
         real = attr.item_scores(r)
         user = [i for s in prompt.segments if s.role == "user" for i in range(s.start, s.end)]
@@ -158,6 +161,9 @@ def test_bad_chat_inputs_are_clear_errors():
         chat_prompt(model, "hello")
     with pytest.raises(InputError, match="string 'role' and 'content'"):
         chat_prompt(model, [{"role": "user"}])
+    prompt = chat_prompt(model, MESSAGES)
+    with pytest.raises(InputError, match="mix ChatPrompts"):
+        attribute(model, [prompt, "the dog"], method="grad_x_input")
     bare = tiny_llama()
     with pytest.raises(InputError, match="has no chat template"):
         chat_prompt(bare, MESSAGES)

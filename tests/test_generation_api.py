@@ -20,6 +20,7 @@ from lens_attrib import Attribution, Target, attribute
 from lens_attrib.errors import TargetError
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.generation import align_contrast, next_token_distribution
+from lens_attrib.plot import BLANK_GREY
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
 
 PROMPT = "the keys to the"
@@ -106,7 +107,7 @@ def test_sampling_equals_an_independent_sampler(temperature, top_k, top_p):
     assert again.meta["generated_ids"] == expected and torch.equal(again.scores, attr.scores)
 
 
-def test_seeds_and_greedy():
+def test_seeds_and_greedy(tmp_path):
     model = _model("gpt2")
     prompt = _prompt_ids(model, PROMPT)
     drawn = {
@@ -133,6 +134,9 @@ def test_seeds_and_greedy():
         assert attribute(model, PROMPT, top1, method="gradient").meta["generated_ids"] == expected
     unseeded = attribute(model, PROMPT, Target(generate=3, sample=True), method="gradient")
     seed = unseeded.meta["sampling"]["seed"]
+    assert Attribution.load(unseeded.save(tmp_path / "s.safetensors")).meta["sampling"] == {
+        "sample": True, "seed": seed, "temperature": 1.0, "top_k": None, "top_p": None
+    }  # fmt: skip
     replay = attribute(model, PROMPT, Target(generate=3, sample=True, seed=seed), method="gradient")
     assert replay.meta["generated_ids"] == unseeded.meta["generated_ids"]
 
@@ -349,6 +353,7 @@ def test_step_heatmap_blanks_the_causal_triangle():
         assert np.array_equal(z[s, : explained + 1], values[: explained + 1])  # before: scores
     assert list(fig.data[0].y) == [f"{s}: {t}" for s, t in enumerate(steps.meta["target_tokens"])]
     assert fig.layout.shapes[0].x0 == prompt_length - 0.5  # where the prompt ends
+    assert fig.layout.plot_bgcolor == BLANK_GREY  # blank cells: not a colour of the scale
     fig.to_json()  # a self-contained figure, nothing fetched
     with pytest.raises(ValueError, match="explains no Target"):
         attribute(_model("gpt2"), PROMPT, method="alti_logit").plot_steps()

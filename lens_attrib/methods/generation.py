@@ -57,14 +57,17 @@ def greedy_generate(model: Any, tokens: Int[Tensor, "pos"], steps: int) -> list[
 def generation_batch(
     model: Any, batch: Batch, target: Target
 ) -> tuple[Batch, Target, dict[str, Any]]:
-    """Greedy tokens (``Target(generate=N)``) or a given continuation as a batch of steps.
+    """Generated tokens (``Target(generate=N)``, greedy or sampled) or a given continuation
+    (with per-step foils or a contrastive continuation) as a batch of steps.
 
     Returns ``(steps_batch, step_target, info)``: ``steps_batch`` has one row per step, every row
     of a prompt the sequence prompt + continuation[:-1]; ``step_target`` explains at that prompt's
     row ``s`` the token ``continuation[s]`` at position ``prompt_length − 1 + s``; ``info`` holds
     ``prompt_length``, ``generated_ids``, ``generated_tokens`` and ``steps`` (per prompt lists for
-    a batch of prompts, plus ``step_prompt`` / ``step_index`` per row) and, for a continuation,
-    ``step_scores`` (:func:`step_scores`); it is also stored in ``steps_batch.extra["generation"]``,
+    a batch of prompts), ``step_prompt`` / ``step_index`` (per row: whose step it is),
+    ``sampling`` (sampled generations: seed and options) and, for a continuation,
+    ``step_scores`` (:func:`step_scores`; with a contrast also :func:`add_contrast_info`'s
+    entries); it is also stored in ``steps_batch.extra["generation"]``,
     from where it reaches ``Attribution.meta``.
     """
     forced = target.continuation is not None
