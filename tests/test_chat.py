@@ -185,3 +185,22 @@ def test_smollm2_chat_template(smollm2):
     ]
     assert prompt.start_token is None and prompt.ids == _ids(smollm2, prompt.text)
     assert prompt.ids.count(smollm2.tokenizer.bos_token_id) == 3  # one <|im_start|> per turn
+
+
+def test_generated_reply_to_a_chat_prompt():
+    model = _chat_model(CHATML)
+    prompts = [chat_prompt(model, MESSAGES), chat_prompt(model, MESSAGES[:1])]
+    target = Target(generate=2, sample=True, seed=3, temperature=2.0)
+    attr = attribute(model, prompts, target, method="grad_x_input")
+    owners = attr.meta["step_prompt"]
+    assert attr.meta["chat"] == [prompts[b].records() for b in owners]
+    roles = attr.to_roles()
+    for r in range(len(owners)):  # every row: its own prompt's roles, sums kept
+        assert roles.tokens[r][:3] == ["template", "user", "assistant"]
+        assert float(roles.scores[r].sum()) == pytest.approx(
+            float(attr.item_scores(r).sum()), rel=1e-12, abs=1e-15
+        )
+    alone = attribute(model, prompts[1], target, method="grad_x_input").to_roles()
+    mine = roles.prompt_steps(1)
+    assert mine.tokens == alone.tokens
+    assert torch.allclose(mine.scores, alone.scores, rtol=1e-10, atol=0)
