@@ -20,8 +20,26 @@ _META_NOT_PER_ITEM = {
     "generated_ids",
     "generated_tokens",
     "step_aggregate",
+    "prompt_length",
+    "steps",
+    "sampling",
+    "contrast_ids",
+    "contrast_tokens",
+    "contrast_alignments",
 }
-"""Meta entries that describe the whole call, never one value per item."""
+"""Meta entries that describe the whole call, never one value per item (a generation's
+per-prompt entries included: its items are step rows, ``meta["step_prompt"]`` says whose)."""
+
+_PER_PROMPT = (
+    "prompt_length",
+    "generated_ids",
+    "generated_tokens",
+    "steps",
+    "contrast_ids",
+    "contrast_tokens",
+    "contrast_alignments",
+)
+"""Generation meta with one entry per prompt when a batch of prompts was explained."""
 
 
 @dataclass
@@ -80,6 +98,15 @@ class Attribution:
                 return value[idx.to(value.device)]
             if isinstance(value, list) and len(value) == n and n > 1:
                 return [value[int(i)] for i in idx]
+            if (
+                isinstance(value, dict)
+                and value
+                and all(
+                    isinstance(v, Tensor) and v.ndim >= 1 and v.shape[0] == n
+                    for v in value.values()
+                )
+            ):  # step_scores: one tensor of rows per score
+                return {k: v[idx.to(v.device)] for k, v in value.items()}
             return value
 
         return replace(
@@ -98,6 +125,38 @@ class Attribution:
                 k: (per_item(v) if k not in _META_NOT_PER_ITEM else v) for k, v in self.meta.items()
             },
         )
+
+    def prompt_steps(self, prompt: int = 0) -> Attribution:
+        """The step rows of one prompt of a generation (``Target(generate=N)`` or
+        ``Target(continuation=...)``), as if that prompt had been explained alone: rows in step
+        order, and the per-prompt ``meta`` entries (``prompt_length``, ``generated_ids``,
+        ``steps``, …) that prompt's own. ``attr[i]`` by contrast selects rows (steps) and
+        keeps the per-prompt entries of the whole batch, with ``meta["step_prompt"]`` /
+        ``meta["step_index"]`` saying whose step each row is."""
+        from lens_attrib.tidy import is_generation, step_labels
+
+        if not is_generation(self):
+            raise ValueError(
+                "prompt_steps() selects the steps of one prompt of a generation; this "
+                f"{self.method!r} Attribution explains no Target(generate=N) or "
+                "Target(continuation=...): index its items with attr[i]."
+            )
+        labels = step_labels(self)
+        prompts = sorted({b for b, _ in labels})
+        if prompt not in prompts:
+            raise IndexError(f"prompt={prompt!r} is not one of this Attribution's {prompts}.")
+        rows = sorted(
+            (r for r, (b, _) in enumerate(labels) if b == prompt), key=lambda r: labels[r][1]
+        )
+        picked = self[rows]
+        meta = dict(picked.meta)
+        batched = isinstance(self.meta.get("prompt_length"), list)
+        for key in _PER_PROMPT:
+            if batched and key in meta:
+                meta[key] = meta[key][prompt]
+        meta["step_prompt"] = [0] * len(rows)
+        meta["step_index"] = [labels[r][1] for r in rows]
+        return replace(picked, meta=meta)
 
     def check_item(self, item: Any, who: str = "item") -> int:
         """``item`` as an index of this Attribution; else an error naming the valid range."""
@@ -228,6 +287,12 @@ class Attribution:
 
         return plot.head_heatmap(self, item=item, **kwargs)
 
+    def plot_steps(self, prompt: int = 0, **kwargs: Any) -> Any:
+        """Plotly figure: step × token heatmap of a generation (:func:`plot.step_heatmap`)."""
+        from lens_attrib import plot
+
+        return plot.step_heatmap(self, prompt=prompt, **kwargs)
+
     # ------------------------------------------------------------- files, tables, words
     def save(self, path: str | Path) -> Path:
         """Write to one ``.safetensors`` file (tensors) with a JSON header (everything else).
@@ -251,8 +316,9 @@ class Attribution:
 
         ``what``: ``"scores"`` (columns item, [step], position, token, token_id, target, score),
         ``"layer_scores"`` (+ layer), ``"head_scores"`` (item, [step], layer, head, target,
-        score) or ``"head_token_scores"`` (+ layer, head). ``step`` appears for
-        ``Target(generate=N)`` results, whose rows are the steps of one prompt (item 0).
+        score) or ``"head_token_scores"`` (+ layer, head). ``step`` appears for generations
+        (``Target(generate=N)`` / ``Target(continuation=...)``), whose rows are steps: ``item``
+        is then the prompt and ``step`` the step within its continuation.
         See :func:`lens_attrib.tidy.to_pandas`.
         """
         from lens_attrib.tidy import to_pandas
@@ -270,6 +336,12 @@ class Attribution:
         from lens_attrib.aggregate import to_spans
 
         return to_spans(self, spans, reduce, **kwargs)
+
+    def to_roles(self, chat: Any = None, reduce: str = "sum", **kwargs: Any) -> Attribution:
+        """Scores aggregated to chat roles (:func:`lens_attrib.aggregate.to_roles`)."""
+        from lens_attrib.aggregate import to_roles
+
+        return to_roles(self, chat, reduce, **kwargs)
 
 
 def save_attributions(

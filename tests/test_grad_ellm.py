@@ -201,8 +201,11 @@ def test_generation_steps_equal_single_step_targets(arch, method):
 
 def test_generation_errors():
     model = tiny_gpt2()
-    with pytest.raises(TargetError, match="single prompt"):
-        attribute(model, ["the dog", "a cat"], Target(generate=2), method="grad_ellm")
+    batched = attribute(model, ["the dog", "a cat"], Target(generate=2), method="grad_ellm")
+    assert "step_aggregate" not in batched.meta  # rows of two prompts: no one mean map
+    first = batched.prompt_steps(0)
+    alone = attribute(model, "the dog", Target(generate=2), method="grad_ellm")
+    assert first.meta["generated_ids"] == alone.meta["generated_ids"]
     with pytest.raises(TargetError, match="cannot be combined"):
         attribute(model, "the dog", Target(generate=2, token="is"), method="grad_ellm")
     with pytest.raises(TargetError, match="decoder"):

@@ -38,7 +38,8 @@ q, k, v come from one forward (hooks), the gradient from one backward pass to th
 selected ``hook_z`` (``torch.autograd.grad``); no second forward. With ``Target(generate=N)``
 every generated step is a row of the batch (``scores`` ``[steps, pos]``) and
 ``meta["step_aggregate"]`` is the mean of the step maps ``[pos]`` (prompt tokens:
-``[:meta["prompt_length"]]``).
+``[:meta["prompt_length"]]``); for a batch of prompts, whose rows differ in length, it is left
+out (take the mean of ``attr.prompt_steps(b).scores`` per prompt).
 """
 
 from __future__ import annotations
@@ -215,7 +216,8 @@ def grad_ellm(
     norm = total.sum(-1, keepdim=True)
     scores = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
     meta: dict[str, Any] = {"explained_value": result.value.detach().cpu()}
-    if "generation" in batch.extra:
+    generation = batch.extra.get("generation")
+    if generation and len(set(generation.get("step_prompt", [0]))) == 1:  # one prompt's steps
         meta["step_aggregate"] = scores.detach().mean(0).cpu()
     return MethodOutput(scores, result.resolved, layer_scores=per_layer, meta=meta, layers=chosen)
 

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
+from lens_attrib.chat import chat_inputs, chat_meta
 from lens_attrib.errors import (
     InputError,
     ModelError,
@@ -185,6 +186,13 @@ TARGET_FIELDS = (
     "generate",
     "continuation",
     "labels",
+    "sample",
+    "seed",
+    "temperature",
+    "top_k",
+    "top_p",
+    "contrast",
+    "contrast_alignments",
 )
 
 
@@ -267,6 +275,7 @@ def prepare(
             f"write Target({target!r}) for a token, and pass the method by name "
             "(method='...')."
         )
+    inputs, chats = chat_inputs(inputs)  # ChatPrompt(s): their ids, segments kept for meta
     texts = prompt_texts(inputs)
     if texts is not None and getattr(model, "tokenizer", None) is None:
         raise InputError(
@@ -282,6 +291,8 @@ def prepare(
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
     )
+    if chats is not None:
+        batch.extra["chat"] = chats
     target = with_model_head(model, target or Target())
     warn_about_spaces(model, batch, target, texts)
     if target.generate > 0 or target.continuation is not None:  # one row per step (generation.py)
@@ -406,6 +417,7 @@ def package(
         meta["foil_tokens"] = token_labels(model, target, resolved.foil_ids)
     meta.update(start_token_meta(batch))  # per item, and the policy (inputs.start_token_of)
     meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
+    meta.update(chat_meta(batch.extra, batch.size))  # role segments of ChatPrompt inputs
     if out.layer_scores is not None:
         meta["layers"] = (
             out.layers if out.layers is not None else list(range(int(out.layer_scores.shape[1])))
