@@ -53,6 +53,15 @@ from typing import Any
 
 import torch
 
+from lens_attrib.architectures import (
+    GEMMA_ARCHITECTURES,
+    architecture_name,
+    check_converter_limits,
+    parameters_in_dtype,
+    use_exact_moe,
+    without_rms_biases,
+)
+from lens_attrib.architectures import convert as convert_gemma
 from lens_attrib.backend import arch_of
 from lens_attrib.errors import ModelError
 from lens_attrib.fastpath import enable_fast_forward
@@ -320,8 +329,10 @@ def build_decoder(cfg: Any, state_dict: Mapping[str, torch.Tensor], tokenizer: A
         model = HookedTransformer(
             cfg, tokenizer=keep_tokenizer_as_is(tokenizer), move_to_device=False
         )
+    parameters_in_dtype(model, cfg.dtype)  # MoE routers/experts are nn.Linear in float32
     load_weights_exactly(model, state_dict)
     buffers_in_dtype(model, cfg.dtype)
+    use_exact_moe(model)  # router softmax in the model's precision (float64 stays float64)
     return model
 
 
@@ -771,8 +782,13 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     hf_config = AutoConfig.from_pretrained(path)
     if encoder_kind(hf_config) is not None:
         return load_encoder_folder(path, dtype)
+    check_decoder_supported(hf_config)
     tokenizer = folder_tokenizer(path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if architecture_name(hf_config) in GEMMA_ARCHITECTURES:  # TransformerLens 3.9: by name only
+        cfg, state_dict = convert_gemma(hf_config, hf_model, dtype, path.name)
+        cfg.tokenizer_name = None
+        return build_decoder(cfg, state_dict, tokenizer)
     config = transformer_lens_hf_config(hf_config)
     # TransformerLens infers some architectures from substrings of the name ("llama", "gemma"):
     # it reads the config through a neutral folder name so that config.json decides.
@@ -786,9 +802,34 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
         state_dict = loading_from_pretrained.get_pretrained_state_dict(
             str(neutral), cfg, hf_model=hf_model, dtype=dtype
         )
+    state_dict = without_rms_biases(cfg, state_dict)  # Phi-3's converter writes zero ln biases
     cfg.tokenizer_name = None
     cfg.model_name = path.name
     return build_decoder(cfg, state_dict, tokenizer)
+
+
+def check_decoder_supported(hf_config: Any) -> None:
+    """A clear error for causal LMs TransformerLens 3.9 cannot build (or would build wrongly)."""
+    from transformer_lens import loading_from_pretrained
+
+    arch = architecture_name(hf_config)
+    check_converter_limits(hf_config)
+    if arch in GEMMA_ARCHITECTURES:
+        return
+    source = Path(loading_from_pretrained.__file__).read_text()
+    if f'"{arch}"' not in source:
+        raise ModelError(
+            f"{arch or hf_config.model_type!r} checkpoints are not supported with TransformerLens "
+            f"3.9: it has no converter for them ({UNSUPPORTED_DECODERS.get(arch, 'not converted')})."
+            " Supported decoder families include GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Mixtral, "
+            "Qwen2, Qwen3, Phi-3, Gemma and Gemma 2."
+        )
+
+
+UNSUPPORTED_DECODERS = {
+    "Qwen2MoeForCausalLM": "a shared expert with a sigmoid gate beside the routed experts",
+    "Qwen3MoeForCausalLM": "no MoE block of this layout",
+}
 
 
 def load_official(name: str, dtype: torch.dtype = torch.float32) -> Any:

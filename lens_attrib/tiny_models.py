@@ -206,3 +206,97 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
 
 
 TINY_DECODERS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "pythia": tiny_pythia}
+
+
+# --------------------------------------------------------------------------- transformers folders
+HF_SIZES: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+
+def _hf_config(family: str, vocab: int) -> Any:
+    """A tiny transformers config of ``family`` (sliding windows of 3 tokens where it has one)."""
+    import transformers as tf
+
+    ids = {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
+    sized = {"vocab_size": vocab, **HF_SIZES, **ids}
+    builders: dict[str, Any] = {
+        "gpt2": lambda: tf.GPT2Config(
+            vocab_size=vocab, n_positions=64, n_embd=32, n_layer=2, n_head=4, **ids
+        ),
+        "llama": lambda: tf.LlamaConfig(**sized, rope_theta=5000.0),
+        "gpt_neox": lambda: tf.GPTNeoXConfig(
+            **{**sized, "num_key_value_heads": None}, rotary_pct=0.5, use_parallel_residual=True
+        ),
+        "mistral": lambda: tf.MistralConfig(**sized, sliding_window=3),
+        "qwen2": lambda: tf.Qwen2Config(**sized),
+        "qwen3": lambda: tf.Qwen3Config(**sized, head_dim=8),
+        "phi3": lambda: tf.Phi3Config(**sized, sliding_window=3),
+        "gemma": lambda: tf.GemmaConfig(**sized, head_dim=8, hidden_activation="gelu_pytorch_tanh"),
+        "gemma2": lambda: tf.Gemma2Config(
+            **sized,
+            head_dim=8,
+            query_pre_attn_scalar=12,
+            sliding_window=3,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+        "mixtral": lambda: tf.MixtralConfig(
+            **sized, num_local_experts=4, num_experts_per_tok=2, sliding_window=None
+        ),
+        "qwen2_moe": lambda: tf.Qwen2MoeConfig(
+            **sized, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24
+        ),
+    }
+    if family not in builders:
+        raise ValueError(f"No tiny checkpoint for {family!r}: one of {sorted(builders)}.")
+    return builders[family]()
+
+
+TINY_CHECKPOINTS = (
+    "gpt2",
+    "llama",
+    "gpt_neox",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "mixtral",
+    "qwen2_moe",
+)
+"""Families :func:`save_tiny_checkpoint` builds."""
+
+
+def save_tiny_checkpoint(family: str, folder: Any, seed: int = 0) -> Any:
+    """Save a tiny random transformers causal LM of ``family`` and the word-level tokenizer to
+    ``folder`` (``save_pretrained``, no download); returns the folder as a ``Path``.
+
+    Every 1-D parameter is randomised (transformers initialises biases to 0 and norm gains to 1,
+    or 0 for Gemma's ``1 + w`` gains), so that biases and norm gains are exercised.
+    """
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_hf_config(family, len(tokenizer))).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    gemma = family.startswith("gemma")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                base = 1.0 if name.endswith("weight") and not gemma else 0.0  # a norm gain
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen))
+    path = Path(folder)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
