@@ -26,10 +26,9 @@ Phi-3) raise a :class:`~lens_attrib.errors.ModelError` instead of loading a diff
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
 import types
+from typing import Any
 
 import einops
 import torch
@@ -47,7 +46,7 @@ def architecture_name(hf_config: Any) -> str:
 
 
 def rope_theta(hf_config: Any) -> float:
-    """The rotary base (``rope_parameters["rope_theta"]`` in transformers 5, else ``rope_theta``)."""
+    """The rotary base: ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta``."""
     params = getattr(hf_config, "rope_parameters", None) or {}
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta if theta is not None else getattr(hf_config, "rope_theta", 10000.0))
@@ -163,14 +162,17 @@ def gemma_state_dict(hf_model: Any, cfg: Any) -> dict[str, Tensor]:
             sd[p + "attn." + key] = einops.rearrange(
                 proj.weight.detach(), "(n h) m -> n m h", n=heads
             )
-        sd[p + "attn._W_V"] = einops.rearrange(attn.v_proj.weight.detach(), "(n h) m -> n m h", n=n_kv)
+        sd[p + "attn._W_V"] = einops.rearrange(
+            attn.v_proj.weight.detach(), "(n h) m -> n m h", n=n_kv
+        )
         sd[p + "attn.W_O"] = einops.rearrange(
             attn.o_proj.weight.detach(), "m (n h) -> n h m", n=cfg.n_heads
         )
         biases = (("b_Q", attn.q_proj, cfg.n_heads), ("_b_K", attn.k_proj, n_kv))
         for key, proj, heads in (*biases, ("_b_V", attn.v_proj, n_kv)):
             if proj.bias is not None:
-                sd[p + "attn." + key] = einops.rearrange(proj.bias.detach(), "(n h) -> n h", n=heads)
+                bias = proj.bias.detach()
+                sd[p + "attn." + key] = einops.rearrange(bias, "(n h) -> n h", n=heads)
         if attn.o_proj.bias is not None:
             sd[p + "attn.b_O"] = attn.o_proj.bias.detach()
         sd[p + "ln1.w"] = gain(layer.input_layernorm)

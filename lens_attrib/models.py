@@ -820,7 +820,7 @@ def check_decoder_supported(hf_config: Any) -> None:
     if f'"{arch}"' not in source:
         raise ModelError(
             f"{arch or hf_config.model_type!r} checkpoints are not supported with TransformerLens "
-            f"3.9: it has no converter for them ({UNSUPPORTED_DECODERS.get(arch, 'not converted')})."
+            f"3.9: it has no converter for them ({UNSUPPORTED_DECODERS.get(arch, 'none')})."
             " Supported decoder families include GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Mixtral, "
             "Qwen2, Qwen3, Phi-3, Gemma and Gemma 2."
         )

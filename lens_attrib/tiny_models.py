@@ -220,58 +220,51 @@ HF_SIZES: dict[str, Any] = {
 }
 
 
+HF_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt2": ("GPT2Config", {"n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4}),
+    "llama": ("LlamaConfig", {"rope_theta": 5000.0}),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        {"num_key_value_heads": None, "rotary_pct": 0.5, "use_parallel_residual": True},
+    ),
+    "mistral": ("MistralConfig", {"sliding_window": 3}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 8}),
+    "phi3": ("Phi3Config", {"sliding_window": 3}),
+    "gemma": ("GemmaConfig", {"head_dim": 8, "hidden_activation": "gelu_pytorch_tanh"}),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 8,
+            "query_pre_attn_scalar": 12,
+            "sliding_window": 3,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24},
+    ),
+}
+"""Family → transformers config class and its settings beyond :data:`HF_SIZES` (sliding windows
+of 3 tokens where the family has one, so that short prompts cross them)."""
+
+
 def _hf_config(family: str, vocab: int) -> Any:
-    """A tiny transformers config of ``family`` (sliding windows of 3 tokens where it has one)."""
-    import transformers as tf
+    """A tiny transformers config of ``family`` (:data:`HF_FAMILIES`)."""
+    import transformers
 
-    ids = {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
-    sized = {"vocab_size": vocab, **HF_SIZES, **ids}
-    builders: dict[str, Any] = {
-        "gpt2": lambda: tf.GPT2Config(
-            vocab_size=vocab, n_positions=64, n_embd=32, n_layer=2, n_head=4, **ids
-        ),
-        "llama": lambda: tf.LlamaConfig(**sized, rope_theta=5000.0),
-        "gpt_neox": lambda: tf.GPTNeoXConfig(
-            **{**sized, "num_key_value_heads": None}, rotary_pct=0.5, use_parallel_residual=True
-        ),
-        "mistral": lambda: tf.MistralConfig(**sized, sliding_window=3),
-        "qwen2": lambda: tf.Qwen2Config(**sized),
-        "qwen3": lambda: tf.Qwen3Config(**sized, head_dim=8),
-        "phi3": lambda: tf.Phi3Config(**sized, sliding_window=3),
-        "gemma": lambda: tf.GemmaConfig(**sized, head_dim=8, hidden_activation="gelu_pytorch_tanh"),
-        "gemma2": lambda: tf.Gemma2Config(
-            **sized,
-            head_dim=8,
-            query_pre_attn_scalar=12,
-            sliding_window=3,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=3.0,
-        ),
-        "mixtral": lambda: tf.MixtralConfig(
-            **sized, num_local_experts=4, num_experts_per_tok=2, sliding_window=None
-        ),
-        "qwen2_moe": lambda: tf.Qwen2MoeConfig(
-            **sized, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24
-        ),
-    }
-    if family not in builders:
-        raise ValueError(f"No tiny checkpoint for {family!r}: one of {sorted(builders)}.")
-    return builders[family]()
+    if family not in HF_FAMILIES:
+        raise ValueError(f"No tiny checkpoint for {family!r}: one of {sorted(HF_FAMILIES)}.")
+    name, extra = HF_FAMILIES[family]
+    sizes: dict[str, Any] = {} if family == "gpt2" else dict(HF_SIZES)
+    kwargs = {"vocab_size": vocab, "bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
+    return getattr(transformers, name)(**kwargs, **sizes, **extra)
 
 
-TINY_CHECKPOINTS = (
-    "gpt2",
-    "llama",
-    "gpt_neox",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "phi3",
-    "gemma",
-    "gemma2",
-    "mixtral",
-    "qwen2_moe",
-)
+TINY_CHECKPOINTS = tuple(HF_FAMILIES)
 """Families :func:`save_tiny_checkpoint` builds."""
 
 
