@@ -387,6 +387,11 @@ def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Ten
     return model.unembed.W_U, model.unembed.b_U
 
 
+def vocab_size(model: Any) -> int:
+    """Number of token logits of the LM head (soft-capped or not)."""
+    return int(model.unembed.W_U.shape[-1])
+
+
 def token_embedding_matrix(model: Any, arch: Arch) -> Float[Tensor, "d_vocab d_model"]:
     embed = model.embed.embed if arch.encoder else model.embed
     return cast(Tensor, embed.W_E)
@@ -500,4 +505,5 @@ __all__ = [
     "token_embedding_matrix",
     "unembedding",
     "value_weights",
+    "vocab_size",
 ]

@@ -782,7 +782,7 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     hf_config = AutoConfig.from_pretrained(path)
     if encoder_kind(hf_config) is not None:
         return load_encoder_folder(path, dtype)
-    check_decoder_supported(hf_config)
+    check_converter_limits(hf_config)  # settings TransformerLens would silently ignore
     tokenizer = folder_tokenizer(path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if architecture_name(hf_config) in GEMMA_ARCHITECTURES:  # TransformerLens 3.9: by name only
@@ -796,39 +796,35 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
         neutral = Path(tmp) / "local-checkpoint"
         neutral.mkdir()
         (neutral / "config.json").write_text(json.dumps(config))
-        cfg = loading_from_pretrained.get_pretrained_model_config(
-            str(neutral), hf_cfg=config, fold_ln=False, device="cpu", dtype=dtype
-        )
-        state_dict = loading_from_pretrained.get_pretrained_state_dict(
-            str(neutral), cfg, hf_model=hf_model, dtype=dtype
-        )
+        try:
+            cfg = loading_from_pretrained.get_pretrained_model_config(
+                str(neutral), hf_cfg=config, fold_ln=False, device="cpu", dtype=dtype
+            )
+            state_dict = loading_from_pretrained.get_pretrained_state_dict(
+                str(neutral), cfg, hf_model=hf_model, dtype=dtype
+            )
+        except NotImplementedError as err:  # TransformerLens has no converter for it
+            raise unsupported_decoder(hf_config) from err
     state_dict = without_rms_biases(cfg, state_dict)  # Phi-3's converter writes zero ln biases
     cfg.tokenizer_name = None
     cfg.model_name = path.name
     return build_decoder(cfg, state_dict, tokenizer)
 
 
-def check_decoder_supported(hf_config: Any) -> None:
-    """A clear error for causal LMs TransformerLens 3.9 cannot build (or would build wrongly)."""
-    from transformer_lens import loading_from_pretrained
-
-    arch = architecture_name(hf_config)
-    check_converter_limits(hf_config)
-    if arch in GEMMA_ARCHITECTURES:
-        return
-    source = Path(loading_from_pretrained.__file__).read_text()
-    if f'"{arch}"' not in source:
-        raise ModelError(
-            f"{arch or hf_config.model_type!r} checkpoints are not supported with TransformerLens "
-            f"3.9: it has no converter for them ({UNSUPPORTED_DECODERS.get(arch, 'none')})."
-            " Supported decoder families include GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Mixtral, "
-            "Qwen2, Qwen3, Phi-3, Gemma and Gemma 2."
-        )
+def unsupported_decoder(hf_config: Any) -> ModelError:
+    """The error for a causal LM TransformerLens 3.9 has no converter for."""
+    arch = architecture_name(hf_config) or repr(hf_config.model_type)
+    reason = UNSUPPORTED_DECODERS.get(arch, "no converter")
+    return ModelError(
+        f"{arch} checkpoints are not supported with TransformerLens 3.9 ({reason}). Supported "
+        "decoder families include GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Mixtral, Qwen2, "
+        "Qwen3, Phi-3, Gemma and Gemma 2."
+    )
 
 
 UNSUPPORTED_DECODERS = {
-    "Qwen2MoeForCausalLM": "a shared expert with a sigmoid gate beside the routed experts",
-    "Qwen3MoeForCausalLM": "no MoE block of this layout",
+    "Qwen2MoeForCausalLM": "no converter; its MoE adds a shared expert with a sigmoid gate",
+    "Qwen3MoeForCausalLM": "no converter for its MoE block",
 }
 
 

@@ -261,7 +261,7 @@ def _hf_config(family: str, vocab: int) -> Any:
     name, extra = HF_FAMILIES[family]
     sizes: dict[str, Any] = {} if family == "gpt2" else dict(HF_SIZES)
     kwargs = {"vocab_size": vocab, "bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
-    return getattr(transformers, name)(**kwargs, **sizes, **extra)
+    return getattr(transformers, name)(**{**kwargs, **sizes, **extra})
 
 
 TINY_CHECKPOINTS = tuple(HF_FAMILIES)

@@ -298,3 +298,46 @@ def test_attnlrp_moe_rule_is_the_gate_rule_through_the_router(models64):
     # the router's half is far above the tolerance: detaching the router would fail the check
     router = ref_x * torch.autograd.grad((via_router.reshape(1, 5, -1) * readout).sum(), ref_x)[0]
     assert float(router.abs().sum()) > 1e-3 * float(ref.abs().sum())
+
+
+def test_gemma2_target_is_the_soft_capped_logit(models64):
+    """The default head applies Gemma 2's final soft-cap ``c·tanh(u/c)``: the explained value is
+    the model's own logit difference; methods that need no linear head still take token targets."""
+    from lens_attrib import Target, attribute
+
+    model = models64["gemma2"]
+    cap = model.cfg.output_logits_soft_cap
+    a = attribute(model, IDS_BATCH, Target(token=5, foil=7), method="grad_x_input")
+    with torch.no_grad():
+        logits = model(a.token_ids, attention_mask=a.mask.long())
+    rows = logits[torch.arange(2), a.target.positions]
+    assert _rel(a.meta["explained_value"], rows[:, 5] - rows[:, 7]) <= 1e-12
+    with torch.no_grad():
+        uncapped = model(a.token_ids, attention_mask=a.mask.long(), return_type="logits")
+    assert float(uncapped.abs().max()) < cap  # tanh saturates below the cap
+    norms = attribute(model, IDS_BATCH, Target(token=5), method="embed_norm")
+    assert torch.isfinite(norms.scores).all()
+
+
+LOW_PRECISION = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("family", ["phi3", "gemma", "gemma2", "mixtral"])
+def test_low_precision_as_accurate_as_transformers(folders, family, dtype):
+    """Built in bf16/fp16, the model is as close to the float64 reference as transformers' own
+    model in that dtype (rounding differs in order, not in size: at most 4× its error)."""
+    model = load_model(str(folders[family]), dtype=dtype)
+    assert all(p.dtype == dtype for p in model.parameters())
+    exact = reference_logits(reference(folders[family], F64), IDS)
+    theirs = reference_logits(reference(folders[family], dtype), IDS).to(F64)
+    with torch.no_grad():
+        ours = model(IDS).to(F64)
+    assert _rel(ours, exact) <= 4 * _rel(theirs, exact)
+
+
+def test_unsupported_family_is_a_clear_error(folders):
+    from lens_attrib.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"Qwen2MoeForCausalLM .*not supported.*Mixtral"):
+        load_model(str(folders["qwen2_moe"]))
