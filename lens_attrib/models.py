@@ -11,7 +11,8 @@
   ``HookedEncoder`` (BERT, post-LN, 6 layers, d_model 384). It ships the encoder only, with **no
   masked-LM head**: methods that read token logits refuse it; pass a class head instead.
 - a local Hugging Face folder (``config.json`` + weights, as ``save_pretrained`` writes it):
-  GPT-2, Llama, GPT-NeoX/Pythia (and the other causal LMs TransformerLens converts) become a
+  GPT-2, Llama, GPT-NeoX/Pythia, Mistral, Qwen2/3, Phi-3, Mixtral (and the other causal LMs
+  TransformerLens converts), Gemma and Gemma 2 (:mod:`lens_attrib.architectures`) become a
   ``HookedTransformer``; BERT becomes a ``HookedEncoder`` (``BertForMaskedLM`` with its MLM head,
   ``BertModel`` the encoder only);
 - otherwise a TransformerLens official model name, loaded from the hub (online users).
