@@ -141,9 +141,9 @@ def test_logits_equal_transformers(folders, family, dtype):
 
 
 # --------------------------------------------------------------------------- every method
-IDS_BATCH = [[2, 30, 41, 25, 60, 8], [2, 33, 70]]
+IDS_BATCH = [[2, 30, 41, 25, 60, 8, 19], [2, 33, 70, 12, 52]]
 """Token ids (the word-level tokenizer is not what transformers builds for every family): the
-second row is left-padded in the batch."""
+second row is left-padded in the batch; both are longer than the 3-token sliding windows."""
 METHOD_FAMILIES = ("mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "mixtral")
 """GPT-2, Llama and NeoX shapes run every method in the method tests (lens_attrib.tiny_models)."""
 FAST_OPTIONS: dict[str, dict[str, Any]] = {
