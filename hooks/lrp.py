@@ -24,6 +24,8 @@ forward value of the model *bit for bit* unchanged and only changes what flows b
   ``attn.hook_k``, ``attn.hook_v``): this adds no ``[pos, pos]``-sized tensor to the pass.
   Gated MLPs: uniform rule on ``φ(gate)·up`` (half to each factor) with the identity rule through
   ``φ``.
+- **mixture of experts**: the routing weight is treated like the gate of a gated MLP (detached
+  in CP-LRP, uniform rule in AttnLRP), see :func:`_moe_hooks`.
 
 Every custom backward below saves at most one tensor of the size of the activation it replaces.
 """
@@ -124,6 +126,8 @@ def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         raise ModelError(
             f"LRP rules for the LayerNorm activation {cfg.act_fn!r} (SoLU) are not implemented."
         )
+    if getattr(cfg, "num_experts", None):
+        return _moe_hooks(model, variant, identity_eps)
     gated = bool(getattr(cfg, "gated_mlp", False))
     store: dict[str, dict[str, Tensor]] = {}
     hooks: list[tuple[str, HookFn]] = []
@@ -155,6 +159,54 @@ def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         if gated:
             hooks.append((hook_name("pre_linear", layer), keep("up")))
         hooks.append((hook_name("post", layer), post_hook))
+    return hooks
+
+
+def _moe_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str, HookFn]]:
+    """Mixture of experts (TransformerLens ``MoE``): ``out = Σ_e w_e(x) · W_out(φ(x W_gate) ⊙ x
+    W_in)`` over the token's top-k experts, ``w = topk(softmax(x W_router))`` (renormalised).
+
+    The routing weight ``w_e`` multiplies the expert's output as the gate multiplies ``up`` in a
+    gated MLP, and gets the same rule (LXT 2's Qwen3-MoE patch, ``lxt/efficient/models/
+    qwen3_moe.py``; its explicit Mixtral composite likewise):
+
+    - CP-LRP: routing weights detached at ``mlp.hook_expert_weights`` (the softmax output; top-k
+      and renormalisation follow) and the expert gate detached: the block is linear in ``x``.
+    - AttnLRP: uniform rule on ``w_e · expert_e(x)``: half of the relevance to the router (its
+      gradient scaled by 1/2 at ``hook_expert_weights``; the softmax, top-k and renormalisation
+      keep their plain gradient, as in LXT), half to the expert, where the uniform rule on
+      ``φ(gate) ⊙ up`` halves it again (identity rule through ``φ``).
+    """
+    store: dict[str, dict[str, Tensor]] = {}
+    share = 1.0 if variant == "lrp" else 0.5  # of the expert in w_e · expert_e(x)
+    hooks: list[tuple[str, HookFn]] = []
+
+    def keep(key: str) -> HookFn:
+        def hook(x: Tensor, hook: Any) -> None:
+            store.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+
+        return hook
+
+    def post_hook(post: Tensor, hook: Any) -> Tensor:
+        prefix = hook.name.rsplit(".", 1)[0]
+        saved = store.pop(prefix)
+        gate, up = saved["gate"], saved["up"]
+        with torch.no_grad():
+            act = model.get_submodule(prefix).act_fn(gate)
+        if variant == "lrp":
+            return linearized(post, (up, act))
+        with torch.no_grad():
+            m_gate = 0.5 * share * up * safe_ratio(act, gate + identity_eps)
+        return linearized(post, (gate, m_gate), (up, 0.5 * share * act))
+
+    for layer in range(model.cfg.n_layers):
+        router = f"blocks.{layer}.mlp.hook_expert_weights"
+        hooks.append((router, _detach if variant == "lrp" else _grad_scaler(0.5)))
+        for expert in range(model.cfg.num_experts):
+            prefix = f"blocks.{layer}.mlp.experts.{expert}"
+            hooks.append((f"{prefix}.hook_gate", keep("gate")))
+            hooks.append((f"{prefix}.hook_pre", keep("up")))
+            hooks.append((f"{prefix}.hook_post", post_hook))
     return hooks
 
 

@@ -62,6 +62,10 @@ class Arch:
     n_ctx: int
     d_mlp: int = 0
     class_head: bool = False
+    moe: bool = False
+    logit_soft_cap: float = 0.0
+    attn_soft_cap: float = 0.0
+    post_norms: bool = False
 
     @property
     def causal(self) -> bool:
@@ -101,6 +105,10 @@ class Arch:
             "gated_mlp": self.gated_mlp,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
+            "moe": self.moe,
+            "logit_soft_cap": self.logit_soft_cap,
+            "attn_soft_cap": self.attn_soft_cap,
+            "post_norms": self.post_norms,
         }
 
 
@@ -127,7 +135,41 @@ def arch_of(model: Any) -> Arch:
         n_ctx=int(cfg.n_ctx),
         d_mlp=int(cfg.d_mlp or 0),
         class_head=attached_head(model) is not None,
+        moe=bool(getattr(cfg, "num_experts", None)),
+        logit_soft_cap=_soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
+        attn_soft_cap=_soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
+        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
     )
+
+
+def _soft_cap(cap: float | None) -> float:
+    """A soft-cap ``c`` (``c·tanh(x/c)``) when active, else 0 (TransformerLens: ``-1``/``None``)."""
+    return float(cap) if cap is not None and cap > 0 else 0.0
+
+
+ARCHITECTURE_LIMITS: dict[str, dict[str, str]] = {
+    "moe": {
+        "deeplift": "DeepLIFT's Rescale multipliers compare each expert's activations with the "
+        "baseline's, but the baseline routes tokens to other experts. Use "
+        "'integrated_gradients' (same path-based idea, any routing) or 'attnlrp'.",
+    },
+    "post_norms": {
+        name: "its decomposition of the attention block ignores the RMSNorm applied to the "
+        "attention output before the residual (Gemma 2's post-attention norm). Use "
+        "'value_zeroing' (token mixing from the forward itself) or 'integrated_gradients'."
+        for name in ("alti", "alti_logit")
+    },
+    **{
+        fact: {
+            name: "it has no relevance rule for the tanh soft-capping of attention scores and "
+            "logits (Gemma 2: c·tanh(x/c); LXT has none either), and the plain gradient through "
+            "it does not conserve. Use 'integrated_gradients' or 'grad_x_input'."
+            for name in ("lrp", "attnlrp")
+        }
+        for fact in ("attn_soft_cap", "logit_soft_cap")
+    },
+}
+"""Architecture fact → method → why it does not apply and which method does."""
 
 
 def backward_bytes_per_row(arch: Arch, length: int) -> int:
@@ -292,9 +334,11 @@ def lm_head(model: Any, arch: Arch) -> Head:
         return encoder_head
 
     final = pre_unembed(model, arch)  # ln_final; the identity for models without norms
+    cap = arch.logit_soft_cap
 
     def decoder_head(x: Tensor) -> Tensor:
-        return cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
+        logits = cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
+        return cap * torch.tanh(logits / cap) if cap else logits  # Gemma 2's logit soft-cap
 
     return decoder_head
 
@@ -325,8 +369,27 @@ def pre_unembed(model: Any, arch: Arch) -> Head:
 
 # --------------------------------------------------------------------------- weights
 def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Tensor, "d_vocab"]]:
-    """``W_U`` and ``b_U`` of the LM head."""
+    """``W_U`` and ``b_U`` of the LM head, the linear map from ``ln_final``'s output to logits.
+
+    A soft-capped head (Gemma 2: ``logit = c·tanh(u/c)``) is not linear: methods that read the
+    logit as ``ln_final(x)·W_U + b_U`` get a :class:`TargetError` that says what applies.
+    """
+    cap = _soft_cap(getattr(model.cfg, "output_logits_soft_cap", None))
+    if cap:
+        raise TargetError(
+            f"This model soft-caps its logits (logit = {cap:g}·tanh(u/{cap:g}), Gemma 2), so they "
+            "are not a linear function of the final residual, which this method (ALTI-Logit, "
+            "LogAt, NormXLogit) decomposes. Use a method that takes the head as it is "
+            "('integrated_gradients', 'grad_x_input', 'value_zeroing'), or pass "
+            "Target(head=...) with a linear head (e.g. a lens_attrib.heads.LinearHead of "
+            "ln_final and W_U) to explain the logit before the cap."
+        )
     return model.unembed.W_U, model.unembed.b_U
+
+
+def vocab_size(model: Any) -> int:
+    """Number of token logits of the LM head (soft-capped or not)."""
+    return int(model.unembed.W_U.shape[-1])
 
 
 def token_embedding_matrix(model: Any, arch: Arch) -> Float[Tensor, "d_vocab d_model"]:
@@ -367,7 +430,7 @@ def processing_signatures(model: Any, arch: Arch) -> list[str]:
         found.append("fold_ln (the norms' weights were folded into the next layers)")
     with torch.no_grad():
         if arch.lm_head and not arch.encoder:
-            w_u = unembedding(model)[0].detach()
+            w_u = model.unembed.W_U.detach()
             if w_u.shape[-1] > 1 and _centred(w_u):
                 found.append("center_unembed (the unembedding was centred over the vocabulary)")
         w_e = token_embedding_matrix(model, arch).detach()
@@ -392,15 +455,30 @@ def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instea
     """Raise a ModelError naming the right method when ``name`` does not fit the architecture."""
     if (arch.encoder and not encoder) or (not arch.encoder and not decoder):
         hint = f" Use {instead!r} instead." if instead else ""
+        if instead and architecture_limit(instead, arch):
+            hint = f" Nor does {instead!r} here: {architecture_limit(instead, arch)}"
         raise ModelError(f"Method {name!r} does not apply to a {arch.kind} model.{hint}")
+    reason = architecture_limit(name, arch)
+    if reason:
+        raise ModelError(f"Method {name!r} does not apply to this model: {reason}")
+
+
+def architecture_limit(name: str, arch: Arch) -> str | None:
+    """Why method ``name`` does not apply to ``arch`` (:data:`ARCHITECTURE_LIMITS`), or None."""
+    for fact, refused in ARCHITECTURE_LIMITS.items():
+        if getattr(arch, fact) and name in refused:
+            return f"({fact}={getattr(arch, fact)}) {refused[name]}"
+    return None
 
 
 __all__ = [
+    "ARCHITECTURE_LIMITS",
     "CLASS_HEAD",
     "EMBEDDINGS",
     "Arch",
     "Head",
     "arch_of",
+    "architecture_limit",
     "attached_head",
     "attn_hook",
     "block",
@@ -427,4 +505,5 @@ __all__ = [
     "token_embedding_matrix",
     "unembedding",
     "value_weights",
+    "vocab_size",
 ]
