@@ -45,6 +45,7 @@ from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.rules import (
     RESCALE_EPS,
+    derivative,
     linearized,
     mlm_head_activation,
     rescale_multiplier,
@@ -267,10 +268,12 @@ __all__ = [
     "CAPTUM_HEAD_MODULES",
     "HEAD_MODULES",
     "RESCALE_EPS",
+    "derivative",
     "head_rescale",
     "head_rescale_modules",
     "mlm_head_rescale",
     "reference_hooks",
     "rescale_applies",
     "rescale_hooks",
+    "rescale_multiplier",
 ]

@@ -146,4 +146,15 @@ def mlm_head_patch(model: Any, *, identity_eps: float = IDENTITY_EPS) -> Iterato
         yield
 
 
-__all__ = ["IDENTITY_EPS", "VARIANTS", "lrp_hooks", "mlm_head_patch"]
+# identity_rule … scale_grad live in rules.py; re-exported here, where they were defined before
+__all__ = [
+    "IDENTITY_EPS",
+    "VARIANTS",
+    "identity_rule",
+    "linearized",
+    "lrp_hooks",
+    "mlm_head_activation",
+    "mlm_head_patch",
+    "safe_ratio",
+    "scale_grad",
+]
