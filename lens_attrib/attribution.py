@@ -57,7 +57,8 @@ class Attribution:
     head_scores:       optional ``[batch, layer, head]`` per-head relevances.
     head_token_scores: optional ``[batch, layer, head, pos]`` per-head-per-token relevances.
     parts:             optional named non-token parts (e.g. ALTI-Logit's MLP contributions).
-    meta:              dtype, seconds, options, and method-specific facts.
+    meta:              dtype, seconds, options, and method-specific facts; every key, its meaning
+                       and its writers are in :data:`lens_attrib.meta_keys.META_KEYS`.
     token_types:       encoders: ``[batch, pos]`` segment ids the model was run with (sentence
                        pairs); ``None`` is segment 0 everywhere.
     """

@@ -13,7 +13,8 @@ import torch
 
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
-from lens_attrib.methods.gradient import default_baseline, quadrature
+from lens_attrib.methods.baselines import default_baseline
+from lens_attrib.methods.integrated_gradients import quadrature
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import Target
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia

@@ -14,7 +14,7 @@ import pytest
 import torch
 from reference_lrp import reference_relevance
 
-from lens_attrib.hooks import lrp as lrp_hooks_module
+from lens_attrib.hooks import rules as rules_module
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import METHODS, attribute
@@ -52,7 +52,7 @@ def test_lrp_conserves_on_decoders(decoder64, foil) -> None:
     value = a.meta["explained_value"]
     assert a.meta["relevance_sum"] == pytest.approx(a.scores.sum(-1))
     assert torch.all((a.scores.sum(-1) - value).abs() <= 1e-6 * value.abs()), name
-    assert torch.allclose(a.meta["conservation_gap"], value - a.scores.sum(-1))
+    assert torch.allclose(a.meta["completeness_gap"], value - a.scores.sum(-1))
     assert a.scores[~a.mask].abs().max() == 0  # left padding is zero
 
 
@@ -78,10 +78,10 @@ def test_lrp_partial_embeddings_leave_out_positions() -> None:
     )
 
 
-def test_attnlrp_reports_its_conservation_gap(decoder64) -> None:
+def test_attnlrp_reports_its_completeness_gap(decoder64) -> None:
     name, model = decoder64
     a = attribute(model, PROMPTS, method="attnlrp")
-    gap = a.meta["conservation_gap"]
+    gap = a.meta["completeness_gap"]
     assert torch.allclose(gap, a.meta["explained_value"] - a.scores.sum(-1), atol=1e-12)
     # The softmax rule is not conservative: the gap exists and is reported, not hidden.
     assert gap.abs().max() > 1e-3, name
@@ -208,7 +208,7 @@ def test_model_unchanged_after_exception_mid_backward(method, monkeypatch) -> No
     def boom(ctx, grad):  # raises inside autograd, after the patched forward
         raise RuntimeError("boom in backward")
 
-    monkeypatch.setattr(lrp_hooks_module._Linearized, "backward", staticmethod(boom))
+    monkeypatch.setattr(rules_module._Linearized, "backward", staticmethod(boom))
     with pytest.raises(RuntimeError, match="boom"):
         attribute(model, PROMPTS, method=method)
     assert model_state_fingerprint(model) == before
@@ -239,5 +239,5 @@ def test_smollm2_lrp_conserves_and_attnlrp_gap_reported(smollm2) -> None:
     value = a.meta["explained_value"]
     # float32, 30 layers, no biases: conservation up to float32 rounding
     assert torch.all((a.scores.sum(-1) - value).abs() <= 1e-4 * value.abs())
-    assert torch.allclose(b.meta["conservation_gap"], value - b.scores.sum(-1), atol=1e-4)
+    assert torch.allclose(b.meta["completeness_gap"], value - b.scores.sum(-1), atol=1e-4)
     assert torch.isfinite(b.scores).all()

@@ -12,10 +12,8 @@
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +21,7 @@ from lens_attrib.forward import resid_of, run, target_rows
 from lens_attrib.hooks.masking import value_zeroing_hooks
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.registry import MethodOutput, Option, integer, positive_int, register
+from lens_attrib.methods.seeding import item_seed
 from lens_attrib.progress import progress_bar
 from lens_attrib.target import Target
 
@@ -63,11 +62,6 @@ def value_zeroing(model: Any, batch: Batch, target: Target, *, batch_size: int) 
         for (b, j), d in zip(chunk, dist.cpu()):
             scores[b, j] = d
     return MethodOutput(scores, clean.resolved, meta={"target_position_only": clean.position_only})
-
-
-def item_seed(seed: int, ids: list[int]) -> int:
-    """A seed from the option and the item's real token ids (batch-independent)."""
-    return (seed * 1_000_003 + zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes())) % (2**63)
 
 
 @register(

@@ -58,8 +58,8 @@ from lens_attrib.backend import lm_head
 from lens_attrib.errors import OptionError, TargetError
 from lens_attrib.forward import head_outputs, resid_of, run
 from lens_attrib.inputs import Batch
-from lens_attrib.methods.perturbation import item_seed
 from lens_attrib.methods.registry import MethodOutput, Option, integer, positive_int, register
+from lens_attrib.methods.seeding import item_seed
 from lens_attrib.progress import progress_bar
 from lens_attrib.target import ResolvedTarget, Target
 

@@ -201,8 +201,9 @@ def unknown_option_error(spec: MethodSpec, name: str, value: Any) -> OptionError
     a close spelling)."""
     options = sorted(spec.options) or "none"
     if name == "heads":
-        takes = sorted(n for n, s in METHODS.items() if "heads" in s.options)
-        always = sorted(n for n, s in METHODS.items() if s.head_relevances and n not in takes)
+        have = {n: s for n, s in METHODS.items() if s.head_relevances}  # from the specs only
+        takes = sorted(n for n, s in have.items() if "heads" in s.options)
+        always = sorted(n for n, s in have.items() if "heads" not in s.options)
         if spec.head_relevances:
             return OptionError(
                 f"{spec.name} always returns per-head relevances (attr.head_scores): it takes "
