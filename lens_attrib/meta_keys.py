@@ -107,17 +107,42 @@ META_KEYS: dict[str, MetaKey] = {
     "step_prompt": MetaKey(
         "per step row, the index of its prompt",
         (EVERY_METHOD,),
-        when="Target(continuation=...) with several prompts",
+        when="Target(generate=N) or Target(continuation=...)",
     ),
     "step_index": MetaKey(
         "per step row, its step number within its prompt's continuation",
         (EVERY_METHOD,),
-        when="Target(continuation=...) with several prompts",
+        when="Target(generate=N) or Target(continuation=...)",
     ),
     "step_scores": MetaKey(
         "per step row: probability, log_probability, entropy, logit (logit_difference with foils)",
         (EVERY_METHOD,),
         when="Target(continuation=...)",
+    ),
+    "sampling": MetaKey(
+        "how generated tokens were drawn: seed (the one drawn when none was given) and options",
+        (EVERY_METHOD,),
+        when="Target(generate=N, sample=True)",
+    ),
+    "contrast_ids": MetaKey(
+        "the contrastive continuation's token ids (a list per prompt)",
+        (EVERY_METHOD,),
+        when="Target(continuation=..., contrast=...)",
+    ),
+    "contrast_tokens": MetaKey(
+        "the contrastive continuation's tokens as strings (a list per prompt)",
+        (EVERY_METHOD,),
+        when="Target(continuation=..., contrast=...)",
+    ),
+    "contrast_alignments": MetaKey(
+        "per prompt, the contrast index a(s) aligned with every step s",
+        (EVERY_METHOD,),
+        when="Target(continuation=..., contrast=...)",
+    ),
+    "chat": MetaKey(
+        "per row, the role segments (role, turn, token range) of its chat prompt",
+        (EVERY_METHOD,),
+        when="the inputs are ChatPrompt(s) from lens_attrib.chat_prompt",
     ),
     # ------------------------------------------------------------------ method-specific facts
     "explained_value": MetaKey(
@@ -173,7 +198,15 @@ META_KEYS: dict[str, MetaKey] = {
         "how tokens were aggregated: unit, reduce, the parts dropped", (AGGREGATE,)
     ),
     "unit_tokens": MetaKey("per item, the token positions of every unit (word/span)", (AGGREGATE,)),
-    "unit_chars": MetaKey("per item, the character span of every unit", (AGGREGATE,)),
+    "unit_chars": MetaKey(
+        "per item, the character span of every unit",
+        (AGGREGATE,),
+        when="aggregated to words or spans (not to roles)",
+    ),
+    "explained_token": MetaKey(
+        "per item, the real-token position of the explained token (its unit is the target unit)",
+        (AGGREGATE,),
+    ),
 }
 """``meta`` key → :class:`MetaKey` (meaning, writers, condition)."""
 

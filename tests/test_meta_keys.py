@@ -56,6 +56,10 @@ def runs() -> list[tuple[str, str, Attribution]]:
         )
     continued = _call(decoder, "grad_x_input", Target(continuation=["is a", "was"]))
     out.append(("grad_x_input", "continuation", continued))
+    sampled = Target(generate=2, sample=True, seed=0)
+    out.append(("grad_x_input", "sampled", _call(decoder, "grad_x_input", sampled, PROMPTS[0])))
+    contrast = Target(continuation=["is a", "was"], contrast=["was a", "is"])
+    out.append(("grad_x_input", "contrast", _call(decoder, "grad_x_input", contrast)))
     words = to_words(out[0][2], text=PROMPTS, tokenizer=decoder.tokenizer)
     out.append((AGGREGATE, f"to_words({out[0][0]})", words))
     return out
