@@ -8,13 +8,15 @@ For every method × {GPT-2, Llama (GQA), GPT-NeoX, BERT} where its spec says it 
 - the model is left exactly as it was (the guard's fingerprint: hooks, ``.grad`` identity,
   ``requires_grad``, training mode, dtype, device; and every weight's value), starting from a
   state that is not the default one (training mode, a ``.grad`` present, a frozen parameter);
-- every array is finite and detached (also when the caller runs the method under
-  ``torch.inference_mode()``, where gradient methods must still work);
+- every array is finite and detached, also when the caller runs the method under
+  ``torch.no_grad()`` or ``torch.inference_mode()`` (where gradient methods must still work
+  and give the same numbers), and editable in place when made outside ``inference_mode``;
 - padding and, for causal models, every position after the explained one score exactly 0;
 - the arrays have the model's dtype, and a float32 model's result is close to the float64
   model's;
 - where a method does not apply (architecture, per-head relevances) it raises the library's
-  error naming a method that does.
+  error naming a method that does;
+- its results are labelled target-free (reports, plots) exactly when its spec says so.
 
 Stochastic methods run with their ``seed`` option fixed; slow ones with their cheapest options
 (:data:`CHEAP`). A method added to the registry is added here automatically.
@@ -35,6 +37,7 @@ Tolerances (relative to the largest |value| of each array of the reference resul
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
@@ -48,8 +51,13 @@ from model_state import model_state, state_changes
 
 from lens_attrib import ModelError, OptionError, Target, attribute
 from lens_attrib.attribution import Attribution
+from lens_attrib.display import TARGET_FREE_LABEL
 from lens_attrib.methods.registry import METHODS, MethodSpec
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:reagent. no probe .* met the stopping condition:RuntimeWarning"  # the cheap options
+)
 
 ARCHS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "pythia": tiny_pythia, "bert": tiny_bert}
 ENCODERS = {"bert"}
@@ -151,15 +159,22 @@ def batched(name: str, arch: str, dtype: torch.dtype) -> Run:
     return Run(attr, changes)
 
 
+CALLER_MODES = (torch.no_grad, torch.inference_mode, contextlib.nullcontext)
+"""The autograd mode the caller runs item ``i`` alone in: gradient methods must work, and give
+the same numbers, under the caller's ``no_grad`` or ``inference_mode`` too."""
+
+
 @functools.cache
-def one_at_a_time(name: str, arch: str) -> list[Attribution]:
-    """The method on each prompt alone (float64), called under ``torch.inference_mode()``."""
+def one_at_a_time(name: str, arch: str) -> list[Run]:
+    """The method on each prompt alone (float64), item ``i`` under ``CALLER_MODES[i]``."""
     model = tiny(arch, torch.float64)
     singles = []
-    for prompt, token in zip(PROMPTS, TOKENS, strict=True):
+    for prompt, token, mode in zip(PROMPTS, TOKENS, CALLER_MODES, strict=True):
         target = Target(token=token, foil=FOIL, position=POSITION)
-        with torch.inference_mode():
-            singles.append(attribute(model, prompt, target, method=name, **options_of(name)))
+        before = model_state(model)
+        with mode():
+            attr = attribute(model, prompt, target, method=name, **options_of(name))
+        singles.append(Run(attr, state_changes(model, before)))
     return singles
 
 
@@ -226,8 +241,8 @@ def assert_same_meta(name: str, got: Any, expected: Any) -> None:
 def test_batched_with_padding_equals_one_at_a_time(name: str, arch: str) -> None:
     attr = batched(name, arch, torch.float64).attribution
     assert not attr.mask.all(), "the batch must contain padding"
-    for item, alone in enumerate(one_at_a_time(name, arch)):
-        sub = attr[item]
+    for item, run in enumerate(one_at_a_time(name, arch)):
+        alone, sub = run.attribution, attr[item]
         mask = sub.mask[0]
         expected_arrays = arrays(alone)
         got_arrays = arrays(sub)
@@ -248,16 +263,18 @@ def test_batched_with_padding_equals_one_at_a_time(name: str, arch: str) -> None
 @pytest.mark.parametrize(("name", "arch"), CASES, ids=IDS)
 def test_the_model_is_left_exactly_as_it_was(name: str, arch: str, dtype: torch.dtype) -> None:
     assert batched(name, arch, dtype).changes == []
+    if dtype == torch.float64:  # also when the caller is in no_grad or inference_mode
+        assert [run.changes for run in one_at_a_time(name, arch)] == [[], [], []]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize(("name", "arch"), CASES, ids=IDS)
-def test_results_are_finite_detached_and_in_the_models_dtype(
+def test_results_are_finite_detached_editable_and_in_the_models_dtype(
     name: str, arch: str, dtype: torch.dtype
 ) -> None:
     results = [batched(name, arch, dtype).attribution]
     if dtype == torch.float64:
-        results += one_at_a_time(name, arch)  # made under torch.inference_mode()
+        results += [run.attribution for run in one_at_a_time(name, arch)]  # CALLER_MODES
     for attr in results:
         assert attr.meta["dtype"] == str(dtype)
         for key, value in arrays(attr).items():
@@ -265,6 +282,8 @@ def test_results_are_finite_detached_and_in_the_models_dtype(
             if value.is_floating_point():
                 assert value.dtype == dtype, (key, value.dtype)
                 assert torch.isfinite(value).all(), key
+            if not value.is_inference():  # made outside the caller's inference_mode
+                value.mul_(1)  # an ordinary tensor the user may edit (not an expanded view)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
@@ -303,6 +322,16 @@ def test_float32_is_close_to_float64(name: str, arch: str) -> None:
     for key, expected in expected_arrays.items():
         scale = scale_of(key, reference, expected)
         assert_close(key, got_arrays[key], expected, scale, FLOAT32_TOL)
+
+
+@pytest.mark.parametrize(("name", "arch"), CASES, ids=IDS)
+def test_the_explained_label_is_target_free_exactly_when_the_spec_is(name: str, arch: str) -> None:
+    attr = batched(name, arch, torch.float64).attribution
+    labels = [attr.explained_label(item) for item in range(len(attr))]
+    if METHODS[name].target_free:
+        assert labels == [TARGET_FREE_LABEL] * len(attr)
+    else:
+        assert labels == [f"{token!r} − {FOIL!r}" for token in TOKENS]
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 from lens_attrib import METHODS, OptionError, attribute
 from lens_attrib.cli import method_list, shard
-from lens_attrib.tiny_models import tiny_bert, tiny_gpt2
+from lens_attrib.tiny_models import tiny_gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"lens_attrib": ROOT / "lens_attrib", "lens_attrib.hooks": ROOT / "hooks"}
@@ -128,13 +128,6 @@ def test_option_errors_name_the_allowed_values():
         attribute(model, "the dog", method="normxlogit", heads=True)
     with pytest.raises(OptionError, match="its options"):
         attribute(model, "the dog", method="gradient", n_steps=3)
-
-
-def test_methods_that_do_not_apply_name_the_one_that_does():
-    from lens_attrib import ModelError
-
-    with pytest.raises(ModelError, match="'alti'"):
-        attribute(tiny_bert(), "the dog", method="alti_logit")
 
 
 def test_cli_types_check_before_anything_loads():
