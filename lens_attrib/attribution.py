@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lens_attrib import display
 from lens_attrib.target import ResolvedTarget
 
 _META_NOT_PER_ITEM = {
@@ -232,15 +233,12 @@ class Attribution:
         )
 
     # ----------------------------------------------------------------- display
-    def _target_label(self, item: int) -> str:
-        meta_tokens = self.meta.get("target_tokens")
-        if meta_tokens:
-            label = repr(meta_tokens[item])
-            foils = self.meta.get("foil_tokens")
-            if foils:
-                label += f" − {foils[item]!r}"
-            return label
-        return f"id {int(self.target.token_ids[item])}"
+    def explained_label(self, item: int = 0) -> str:
+        """What ``item``'s scores explain, as display text (not escaped): the target token,
+        ``' were' − ' was'`` for a contrastive target, a class name of a class head, or
+        ``target-free (…)`` for a method whose scores ignore the target token
+        (:func:`lens_attrib.display.explained_label`)."""
+        return display.explained_label(self, self.check_item(item))
 
     def to_html(self, item: int | None = None) -> str:
         """Tokens coloured by signed relevance, one row per item (``item``: just that one).

@@ -8,48 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-from lens_attrib.report import escape_token, explained_label, is_target_free
+from lens_attrib.display import escape_token
+from lens_attrib.display import explained_title as _explained_title
+from lens_attrib.display import grid_title as _grid_title
+from lens_attrib.display import row_explains as _row_explains
+from lens_attrib.display import token_axis_labels as _token_labels
 
 if TYPE_CHECKING:  # plot reads Attributions; it imports neither them nor methods at run time
     from lens_attrib.attribution import Attribution
-
-
-def _token_labels(tokens: Sequence[str]) -> list[str]:
-    """``"pos:token"`` axis labels: escaped (plotly reads HTML entities), whitespace visible."""
-    return [f"{i}:{escape_token(t)}" for i, t in enumerate(tokens)]
-
-
-def _explained_title(prefix: str, attribution: Attribution, item: int) -> str:
-    """A title: ``prefix`` + what ``item`` explains (escaped; target-free methods say so)."""
-    import html
-
-    return html.escape(prefix + explained_label(attribution, item))
-
-
-def _grid_title(named: Sequence[tuple[str, Attribution]], item: int) -> str:
-    """What the rows of a methods × tokens map explain: the target they share, with the
-    target-free rows named (or, when the targets differ, that they differ)."""
-    import html
-
-    free = [label for label, attr in named if is_target_free(attr)]
-    explained = sorted(
-        {explained_label(attr, item) for _, attr in named if not is_target_free(attr)}
-    )
-    if not explained:
-        title = "Methods × tokens, all target-free (the same for any target token)"
-    elif len(explained) == 1:
-        title = f"Methods × tokens → {explained[0]}"
-    else:
-        title = f"Methods × tokens → {len(explained)} different targets (hover a row to see it)"
-    if free and explained:
-        title += f"; target-free rows (the same for any target): {', '.join(free)}"
-    return html.escape(title)
-
-
-def _row_explains(attribution: Attribution, item: int) -> str:
-    import html
-
-    return html.escape("explains " + explained_label(attribution, item))
 
 
 # Heatmap sizes: every row gets ROW_PX; the colour bar is vertical beside the map when the map is

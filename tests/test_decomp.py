@@ -210,8 +210,6 @@ def test_alti_without_rollout_is_each_layers_own_mixing_row(bert):
     [
         ("decompx", {}, True),
         ("decompx", {"biases": "separate"}, True),
-        ("decompx", {}, False),
-        ("globenc", {}, False),
         ("globenc", {"rollout": False, "normalize": False}, False),
     ],
 )

@@ -1,9 +1,9 @@
 """LRP (CP-LRP) and AttnLRP as detach-patched Gradient×Input.
 
 Oracles: conservation with zero biases (float64, all four architecture shapes), agreement with an
-independent explicit-rule implementation (tests/reference_lrp.py), batched == unbatched,
-float32 ≈ float64, per-head relevances, and the model left unchanged (also after an exception in
-the backward pass).
+independent explicit-rule implementation (tests/reference_lrp.py), per-head relevances, and the
+model left unchanged after an exception in the backward pass (batched == unbatched, float32 ≈
+float64 and the model guard on normal calls: tests/test_contract.py).
 """
 
 from __future__ import annotations
@@ -149,55 +149,11 @@ def test_lrp_head_scores_sum_to_attention_output_relevance() -> None:
 
 
 # ---------------------------------------------------------------- batching, dtypes, state
-@pytest.mark.parametrize("method", ["lrp", "attnlrp"])
-@pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_batched_equals_unbatched(method, name) -> None:
-    model = BUILDERS[name](dtype=F64)
-    batched = attribute(model, PROMPTS, Target(foil="cat"), method=method, heads=True)
-    for i, text in enumerate(PROMPTS):
-        alone = attribute(model, text, Target(foil="cat"), method=method, heads=True)
-        got = batched.item_scores(i)
-        assert _rel(got, alone.item_scores(0)) < 1e-10
-        real = batched.mask[i]
-        assert batched.head_token_scores is not None and alone.head_token_scores is not None
-        assert _rel(batched.head_token_scores[i][..., real], alone.head_token_scores[0]) < 1e-10
-
-
-def test_bert_batched_equals_unbatched_attnlrp() -> None:
-    model = tiny_bert(dtype=F64)
-    texts = ["the dog [MASK] the cat", "a man likes books"]
-    target = Target(token="sees", position=2)
-    batched = attribute(model, texts, target, method="attnlrp")
-    for i, text in enumerate(texts):
-        alone = attribute(model, text, target, method="attnlrp")
-        assert _rel(batched.item_scores(i), alone.item_scores(0)) < 1e-10
-
-
-@pytest.mark.parametrize("method", ["lrp", "attnlrp"])
-def test_float32_close_to_float64(method) -> None:
-    a32 = attribute(tiny_llama(dtype=torch.float32), PROMPTS, method=method)
-    a64 = attribute(tiny_llama(dtype=F64), PROMPTS, method=method)
-    assert a32.scores.dtype == torch.float32
-    assert _rel(a32.scores.double(), a64.scores) < 1e-4
-
-
 def test_bf16_warns() -> None:
     model = tiny_gpt2(dtype=torch.bfloat16)
     with pytest.warns(UserWarning, match="conservation"):
         a = attribute(model, PROMPTS[0], method="lrp")
     assert torch.isfinite(a.scores).all()
-
-
-@pytest.mark.parametrize("method", ["lrp", "attnlrp"])
-def test_model_unchanged(method) -> None:
-    model = tiny_llama()
-    before = model_state_fingerprint(model)
-    with torch.no_grad():
-        reference = model(PROMPTS[0])
-    attribute(model, PROMPTS, method=method, heads=True)
-    assert model_state_fingerprint(model) == before
-    with torch.no_grad():
-        assert torch.equal(model(PROMPTS[0]), reference)  # no hook left behind
 
 
 @pytest.mark.parametrize("method", ["lrp", "attnlrp"])

@@ -85,10 +85,10 @@ def test_same_seed_same_scores_other_seed_other_scores():
     torch.testing.assert_close(first.scores.sum(-1), torch.ones(3, dtype=F64))
 
 
-@pytest.mark.parametrize(("builder", "replacer"), [(tiny_gpt2, "uniform"), (tiny_bert, "model")])
-def test_batched_equals_unbatched(builder, replacer):
-    model = builder(dtype=F64)
-    options = {"max_probe_steps": 8, "num_probes": 4, "replacer": replacer}
+def test_batched_equals_unbatched_with_the_masked_lm_replacer():
+    # the default (uniform) replacer on every architecture: tests/test_contract.py
+    model = tiny_bert(dtype=F64)
+    options = {"max_probe_steps": 8, "num_probes": 4, "replacer": "model"}
     batched = attribute(model, PROMPTS, method="reagent", **options)
     for b, prompt in enumerate(PROMPTS):
         alone = attribute(model, prompt, method="reagent", **options)

@@ -11,7 +11,7 @@ import pytest
 
 from lens_attrib import METHODS, OptionError, attribute
 from lens_attrib.cli import method_list, shard
-from lens_attrib.tiny_models import tiny_bert, tiny_gpt2
+from lens_attrib.tiny_models import tiny_gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"lens_attrib": ROOT / "lens_attrib", "lens_attrib.hooks": ROOT / "hooks"}
@@ -221,13 +221,6 @@ def test_the_heads_error_lists_the_methods_the_specs_give_head_relevances():
         with_option, always = (set(re.findall(r"'(\w+)'", g)) for g in listed.groups())
         assert with_option == takes and always == have - takes, message
         assert name not in with_option | always
-
-
-def test_methods_that_do_not_apply_name_the_one_that_does():
-    from lens_attrib import ModelError
-
-    with pytest.raises(ModelError, match="'alti'"):
-        attribute(tiny_bert(), "the dog", method="alti_logit")
 
 
 def test_cli_types_check_before_anything_loads():

@@ -72,12 +72,16 @@ def value_zeroing(model: Any, batch: Batch, target: Target, *, batch_size: int) 
     options={"seed": Option(0, check=integer)},
 )
 def random(model: Any, batch: Batch, target: Target, *, seed: int) -> MethodOutput:
-    """Uniform random relevances on real tokens (a chance baseline for evaluations)."""
+    """Uniform random relevances on real tokens (a chance baseline for evaluations).
+
+    The draws are float32 (the same numbers for every model dtype), stored in the model's
+    working dtype (float64 for a float64 model, else float32) like every method's scores.
+    """
     clean = run(model, batch, target, position_only_ok=True)
-    scores = torch.zeros(batch.size, batch.length, dtype=torch.float32)
+    scores = torch.zeros(batch.size, batch.length, dtype=batch.arch.work_dtype)
     for b in range(batch.size):
         m = batch.mask[b].cpu()
         ids = batch.tokens[b].cpu()[m].tolist()
         gen = torch.Generator().manual_seed(item_seed(seed, ids))
-        scores[b, m] = torch.rand(len(ids), generator=gen)
+        scores[b, m] = torch.rand(len(ids), generator=gen).to(scores.dtype)
     return MethodOutput(scores, clean.resolved)
