@@ -301,7 +301,8 @@ def lm_head(model: Any, arch: Arch) -> Head:
 
 CLASS_HEAD = "lens_attrib_class_head"
 """Attribute (a registered submodule) holding the sequence-classification head a loaded
-``*ForSequenceClassification`` checkpoint came with (:mod:`lens_attrib.heads`)."""
+``*ForSequenceClassification`` checkpoint came with
+(:mod:`lens_attrib.classifiers.checkpoint_head`)."""
 
 
 def attached_head(model: Any) -> Head | None:

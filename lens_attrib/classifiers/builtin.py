@@ -14,12 +14,13 @@ name                      model         training data                           
 ``minilm-l6-stsb``        MiniLM-L6     STS-B dev, a seeded 70 % split (1,050 pairs)     other 30 %
 ========================  ============  ==============================================  =========
 
-Training, in two stages. (1) A linear head on the frozen model (:mod:`lens_attrib.heads`;
-decoders: last real token through ``ln_final``; encoders: ``[CLS]``), fitted on cached features.
-(2) Starting from it, the last ``k`` blocks and the head are fine-tuned together
-(:mod:`lens_attrib.finetune`; ``ClassifierSpec.tuned_blocks``/``epochs``/``lr``: SmolLM2 k = 4 of
-30 blocks, 1 epoch; MiniLM k = 6 of 6, 2 epochs on SST-2 and 6 on STS-B; lr 5e-5, head 5e-4).
-Training phrases are the first ones of the (shuffled) GLUE SST-2 train file with at least four
+Training, in two stages. (1) A linear head on the frozen model
+(:mod:`lens_attrib.classifiers.linear`; decoders: last real token through ``ln_final``; encoders:
+``[CLS]``), fitted on cached features. (2) Starting from it, the last ``k`` blocks and the head are
+fine-tuned together (:mod:`lens_attrib.classifiers.finetune`;
+``ClassifierSpec.tuned_blocks``/``epochs``/``lr``: SmolLM2 k = 4 of 30 blocks, 1 epoch; MiniLM k = 6
+of 6, 2 epochs on SST-2 and 6 on STS-B; lr 5e-5, head 5e-4). Training phrases are the first ones of
+the (shuffled) GLUE SST-2 train file with at least four
 words (the dev set holds whole sentences; one- to three-word phrases add little). STS-B pairs are
 given as ``(sentence1, sentence2)`` tuples (:func:`stsb_inputs`), which
 :func:`lens_attrib.inputs.to_batch` encodes as the tokenizer's pair encoding
@@ -33,11 +34,11 @@ the same segments: pass ``(s1, s2)`` tuples, or ids with ``token_type_ids``
 The regression head predicts the 0–5 score.
 
 Cache: ``$LENS_ATTRIB_CACHE/classifiers/<name>-<data hash>-s<seed>/`` holds the linear head
-(:func:`lens_attrib.heads.save_head`, metadata: data hash, seed, n, dev accuracy / Pearson r,
-weight decay, recipe version) and the training features;
+(:func:`lens_attrib.classifiers.linear.save_head`, metadata: data hash, seed, n, dev accuracy /
+Pearson r, weight decay, recipe version) and the training features;
 ``<that folder>-k<k>-e<epochs>-lr<lr>/`` holds the fine-tuned blocks and head (metadata adds
 ``linear_dev_score`` and the fine-tune's settings, steps, final loss and time). A head fitted by
-an earlier recipe (``heads.HEAD_FIT``) is refitted from the cached features and re-tuned. First
+an earlier recipe (``linear.HEAD_FIT``) is refitted from the cached features and re-tuned. First
 use, measured on the 2 shared CPU cores of this project's machines with other jobs running
 (1 torch thread): 11 to 30 min for ``minilm-l6-stsb`` (fine-tune 10.5 min on 2026-11-25 with two
 other jobs beside it, 29 min under a heavier load), 55 min for
@@ -68,7 +69,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from lens_attrib.heads import (
+from lens_attrib.classifiers.linear import (
     HEAD_FIT,
     WEIGHT_DECAYS,
     LinearHead,
@@ -371,9 +372,15 @@ def tune_or_load(
     dev_inputs: Sequence[Any],
     dev_targets: Tensor,
 ) -> tuple[Any, LinearHead, dict[str, Any]]:
-    """The fine-tuned copy of ``model`` and its head (:mod:`lens_attrib.finetune`), from
+    """The fine-tuned copy of ``model`` and its head (:mod:`lens_attrib.classifiers.finetune`), from
     ``<folder>-k<k>-e<epochs>-lr<lr>`` or trained there, starting from the frozen-model head."""
-    from lens_attrib.finetune import BLOCKS_FILE, fine_tune, head_rows, save_blocks, tuned_model
+    from lens_attrib.classifiers.finetune import (
+        BLOCKS_FILE,
+        fine_tune,
+        head_rows,
+        save_blocks,
+        tuned_model,
+    )
 
     tag = f"-k{spec.tuned_blocks}-e{spec.epochs}-lr{spec.lr:g}"
     tuned_folder = folder.with_name(folder.name + tag)

@@ -1,7 +1,7 @@
 """Light fine-tuning of a classifier: the model's last ``k`` blocks and its linear head.
 
-The frozen-model head of :mod:`lens_attrib.heads` is the starting point. A *copy* of the model
-(the caller's model is never changed) has every parameter frozen except those of blocks
+The frozen-model head of :mod:`lens_attrib.classifiers.linear` is the starting point. A *copy* of
+the model (the caller's model is never changed) has every parameter frozen except those of blocks
 ``L − k … L − 1``; these and the head's linear map ``(W, c)`` are trained together on
 
     cross-entropy(h(x_L[p]), y)        (classification)   or   MSE(h(x_L[p]), y)   (regression),
@@ -32,13 +32,13 @@ import torch
 from torch import Tensor, nn
 
 from lens_attrib.backend import arch_of
+from lens_attrib.classifiers.linear import LinearHead, feature_position, head_norm
 from lens_attrib.forward import resid_of, target_rows
-from lens_attrib.heads import LinearHead, feature_position, head_norm
 from lens_attrib.inputs import to_batch
 from lens_attrib.progress import progress_bar
 
 BLOCKS_FILE = "blocks.safetensors"
-LOG = logging.getLogger("lens_attrib.finetune")
+LOG = logging.getLogger("lens_attrib.classifiers.finetune")
 
 
 def tuned_block_names(model: Any, k: int) -> list[str]:
