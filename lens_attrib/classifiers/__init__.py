@@ -7,6 +7,8 @@ heads, light fine-tuning of the last blocks, and the head a fine-tuned checkpoin
 - :mod:`~lens_attrib.classifiers.linear` — :class:`LinearHead` ``h(x) = W · n(x) + c``, its
   features, its fit on cached features and its storage.
 - :mod:`~lens_attrib.classifiers.finetune` — the last ``k`` blocks and the head trained together.
+- :mod:`~lens_attrib.classifiers.frozen_prefix` — the frozen lower blocks run once per item,
+  the trained top blocks on length-grouped chunks (what makes fine-tuning fast).
 - :mod:`~lens_attrib.classifiers.checkpoint_head` — a ``*ForSequenceClassification``
   checkpoint's own head (:class:`ClassifierHead`).
 """

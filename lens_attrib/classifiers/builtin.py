@@ -79,7 +79,6 @@ from lens_attrib.classifiers.linear import (
     load_head,
     residual_features,
     save_head,
-    score,
 )
 from lens_attrib.inputs import start_token_of
 from lens_attrib.target import Target
@@ -377,7 +376,6 @@ def tune_or_load(
     from lens_attrib.classifiers.finetune import (
         BLOCKS_FILE,
         fine_tune,
-        head_rows,
         save_blocks,
         tuned_model,
     )
@@ -401,17 +399,11 @@ def tune_or_load(
         lr=spec.lr,
         seed=spec.seed,
     )
-    with torch.no_grad():
-        out = torch.cat(
-            [
-                head_rows(tuned, tuned_head, dev_inputs[i : i + 32]).cpu()
-                for i in range(0, len(dev_inputs), 32)
-            ]
-        )
+    dev_features = residual_features(tuned, dev_inputs)
     meta = {
         **head_meta,
         "linear_dev_score": head_meta.get("dev_score"),
-        "dev_score": score(out, dev_targets, regression),
+        "dev_score": evaluate_head(tuned_head, dev_features, dev_targets, regression),
         "fine_tune": info,
     }
     save_blocks(tuned, spec.tuned_blocks, tuned_folder)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,20 +106,49 @@ def residual_features(
 
     ``inputs``: anything :func:`lens_attrib.inputs.to_batch` takes item by item — strings,
     ``(s1, s2)`` sentence pairs (encoders: ``[CLS] s1 [SEP] s2 [SEP]`` with its segment ids), or
-    token-id lists (segment 0 on every token).
+    token-id lists (segment 0 on every token). Batches hold inputs of similar length (sorted by
+    token count), so little of a batch is padding; rows come back in the order of ``inputs``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     position = feature_position(model)
+    lengths = [len(item.tokens) for item in item_tokens(model, inputs)]
+    order = sorted(range(len(inputs)), key=lambda i: lengths[i])
     rows: list[Tensor] = []
     with no_grad_context(model):
         starts = range(0, len(inputs), batch_size)
         for start in progress_bar(starts, desc="features", unit="batch"):
-            batch = to_batch(model, list(inputs[start : start + batch_size]))
+            batch = to_batch(model, [inputs[i] for i in order[start : start + batch_size]])
             resid = resid_of(model, batch)
             pos = batch.last_real if position is None else batch.first_real + position
             rows.append(target_rows(resid, pos).cpu())
-    return torch.cat(rows)
+    if not rows:
+        return torch.empty(0, int(model.cfg.d_model), dtype=model.cfg.dtype)
+    out = torch.cat(rows)
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return out[inverse]
+
+
+@dataclass
+class ItemTokens:
+    """One item's real tokens (no padding) and, for encoders, its segment ids."""
+
+    tokens: Tensor
+    token_types: Tensor | None
+
+
+def item_tokens(model: Any, inputs: Sequence[Any], chunk: int = 256) -> list[ItemTokens]:
+    """Every input's real token ids (and segment ids), as :func:`lens_attrib.inputs.to_batch`
+    encodes it (start token, sentence pairs), without the padding."""
+    out: list[ItemTokens] = []
+    for start in range(0, len(inputs), chunk):
+        batch = to_batch(model, list(inputs[start : start + chunk]))
+        for b in range(batch.size):
+            real = batch.mask[b]
+            types = None if batch.token_types is None else batch.token_types[b][real]
+            out.append(ItemTokens(batch.tokens[b][real], types))
+    return out
 
 
 # --------------------------------------------------------------------------- training
@@ -271,11 +301,13 @@ def load_head(folder: str | Path, model: Any) -> tuple[LinearHead, dict[str, Any
 
 __all__ = [
     "HEAD_FIT",
+    "ItemTokens",
     "LinearHead",
     "evaluate_head",
     "feature_position",
     "fit_head",
     "head_norm",
+    "item_tokens",
     "load_head",
     "new_head",
     "residual_features",
