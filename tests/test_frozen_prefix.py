@@ -5,7 +5,8 @@ items, the final residual at the feature position), in float64. Running the froz
 once per item at its own length and the top blocks in right-padded length chunks must give the
 same final rows and the same gradients on the trained blocks, to float64 rounding, on a decoder
 with rotary positions (Llama), one with learned positions (GPT-2) and an encoder with sentence-pair
-segments (BERT); and features batched by length come back in the inputs' order.
+segments (BERT); features batched by length, or computed from the kept residuals, equal the
+per-item ones in the inputs' order.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-from lens_attrib.classifiers.finetune import head_rows, trainable_copy
-from lens_attrib.classifiers.frozen_prefix import build_prefix, final_rows, length_chunks
+from lens_attrib.classifiers.finetune import fine_tune, head_rows, trainable_copy
+from lens_attrib.classifiers.frozen_prefix import (
+    build_prefix,
+    final_rows,
+    length_chunks,
+    prefix_features,
+)
 from lens_attrib.classifiers.linear import LinearHead, new_head, residual_features
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
 
@@ -125,3 +131,27 @@ def test_length_chunks_partition_the_rows():
     assert length_chunks(lengths, rows, 6.0) == [[7, 0], [1, 4], [3, 6]]
     with pytest.raises(ValueError, match="overhead"):
         length_chunks(lengths, rows, -1.0)
+
+
+def test_prefix_features_equal_residual_features(setting):
+    kind, model = setting
+    inputs = _inputs(kind)
+    prefix = build_prefix(model, inputs, int(model.cfg.n_layers) - 1)
+    _close(prefix_features(model, prefix, batch_size=3), residual_features(model, inputs))
+
+
+def test_fine_tune_takes_a_prefix_built_once(setting):
+    kind, model = setting
+    inputs = _inputs(kind)
+    labels = torch.tensor([i % 2 for i in range(len(inputs))])
+    head = new_head(model, 2)
+    runs = []
+    for prefix in (None, build_prefix(model, inputs, int(model.cfg.n_layers) - 1)):
+        tuned, tuned_head, _ = fine_tune(
+            model, head, inputs, labels, k=1, epochs=2, lr=1e-3, batch_size=3, prefix=prefix
+        )
+        runs.append([*tuned.parameters(), *tuned_head.parameters()])
+    # the same lower weights, the same operations: the kept residuals are bit-identical
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    with pytest.raises(ValueError, match="entering block"):
+        fine_tune(model, head, inputs, labels, k=1, prefix=build_prefix(model, inputs, 0))

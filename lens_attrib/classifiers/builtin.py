@@ -57,11 +57,12 @@ cache entry, trained on first use).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -69,6 +70,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from lens_attrib.backend import arch_of
+from lens_attrib.classifiers.frozen_prefix import FrozenPrefix, build_prefix, prefix_features
 from lens_attrib.classifiers.linear import (
     HEAD_FIT,
     WEIGHT_DECAYS,
@@ -238,10 +241,14 @@ def train_or_load(
     model_name: str | None = None,
     extra: dict[str, Any] | None = None,
     weight_decays: Sequence[float] = WEIGHT_DECAYS,
+    prefix: Callable[[], FrozenPrefix] | None = None,
 ) -> tuple[LinearHead, dict[str, Any]]:
     """The head saved in ``folder``, or train it (features → :func:`fit_head`), score it on the
     dev data, save it there and return it with its metadata. The features are kept in
-    ``folder/features.pt`` with the data hash, so that a re-fit does not recompute them."""
+    ``folder/features.pt`` with the data hash, so that a re-fit does not recompute them.
+    ``prefix``: gives the training inputs' kept frozen-block residuals
+    (:mod:`lens_attrib.classifiers.frozen_prefix`) when fine-tuning will need them anyway; the
+    training features are then computed from them (only the blocks above run)."""
     path = Path(folder)
     start = start_token_of(model).text
     if (path / "head.json").is_file():
@@ -257,7 +264,10 @@ def train_or_load(
     if stored.get("data_hash") == key and len(stored["dev"]) == len(dev_inputs):
         features, dev_features = stored["train"], stored["dev"]  # computed by an earlier call
     else:
-        features = residual_features(model, train_inputs, batch_size=batch_size)
+        if prefix is None:
+            features = residual_features(model, train_inputs, batch_size=batch_size)
+        else:
+            features = prefix_features(model, prefix())
         dev_features = residual_features(model, dev_inputs, batch_size=batch_size)
         path.mkdir(parents=True, exist_ok=True)
         torch.save({"train": features, "dev": dev_features, "data_hash": key}, cached)
@@ -338,6 +348,9 @@ def load_classifier(
     dev_tag = "" if n_dev is None else f"-dev{n_dev}"
     folder = cache_root(cache_dir) / "classifiers" / f"{name}-{key[:12]}-s{spec.seed}{dev_tag}"
     regression = spec.task == "stsb"
+    # the frozen lower blocks run once, for both stages, and only if a stage trains
+    layer = arch_of(model).n_layers - spec.tuned_blocks
+    prefix = functools.cache(lambda: build_prefix(model, inputs, layer))
     head, meta = train_or_load(
         model,
         folder,
@@ -350,10 +363,11 @@ def load_classifier(
         seed=spec.seed,
         model_name=spec.model,
         extra={"name": name, "model": spec.model, "task": spec.task, **about},
+        prefix=prefix if spec.tuned_blocks and not frozen else None,
     )
     if spec.tuned_blocks and not frozen:
         model, head, meta = tune_or_load(
-            model, head, meta, folder, spec, inputs, targets, dev_inputs, dev_targets
+            model, head, meta, folder, spec, inputs, targets, dev_inputs, dev_targets, prefix
         )
     labels = None if regression else SST2_LABELS
     info = ClassifierInfo(name, labels, regression, feature_position(model), meta)
@@ -370,9 +384,11 @@ def tune_or_load(
     targets: Tensor,
     dev_inputs: Sequence[Any],
     dev_targets: Tensor,
+    prefix: Callable[[], FrozenPrefix] | None = None,
 ) -> tuple[Any, LinearHead, dict[str, Any]]:
     """The fine-tuned copy of ``model`` and its head (:mod:`lens_attrib.classifiers.finetune`), from
-    ``<folder>-k<k>-e<epochs>-lr<lr>`` or trained there, starting from the frozen-model head."""
+    ``<folder>-k<k>-e<epochs>-lr<lr>`` or trained there, starting from the frozen-model head
+    (``prefix``: gives the inputs' kept frozen-block residuals, as in :func:`train_or_load`)."""
     from lens_attrib.classifiers.finetune import (
         BLOCKS_FILE,
         fine_tune,
@@ -398,6 +414,7 @@ def tune_or_load(
         epochs=spec.epochs,
         lr=spec.lr,
         seed=spec.seed,
+        prefix=None if prefix is None else prefix(),
     )
     dev_features = residual_features(tuned, dev_inputs)
     meta = {

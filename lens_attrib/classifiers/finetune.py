@@ -35,7 +35,12 @@ import torch
 from torch import Tensor, nn
 
 from lens_attrib.backend import arch_of
-from lens_attrib.classifiers.frozen_prefix import CHUNK_OVERHEAD, build_prefix, final_rows
+from lens_attrib.classifiers.frozen_prefix import (
+    CHUNK_OVERHEAD,
+    FrozenPrefix,
+    build_prefix,
+    final_rows,
+)
 from lens_attrib.classifiers.linear import LinearHead, feature_position, head_norm
 from lens_attrib.forward import resid_of, target_rows
 from lens_attrib.inputs import to_batch
@@ -102,18 +107,28 @@ def fine_tune(
     batch_size: int = 16,
     seed: int = 0,
     chunk_overhead: float = CHUNK_OVERHEAD,
+    prefix: FrozenPrefix | None = None,
 ) -> tuple[Any, LinearHead, dict[str, Any]]:
     """Train the last ``k`` blocks of a copy of ``model`` and a copy of ``head`` (module
     docstring). Returns ``(tuned model, tuned head, info)``; ``model`` and ``head`` are left
     unchanged. ``head_lr``: the head's learning rate (default ``10 · lr``). ``chunk_overhead``:
     how a step's items are grouped by length (:func:`~lens_attrib.classifiers.frozen_prefix.
     length_chunks`; speed only). ``info["prefix_seconds"]``: the one pass over the frozen
-    blocks; ``info["epoch_seconds"]``: each epoch's time."""
+    blocks; ``info["epoch_seconds"]``: each epoch's time. ``prefix``: the inputs' residuals
+    entering block ``L − k`` when already computed (:func:`~lens_attrib.classifiers.
+    frozen_prefix.build_prefix` on ``model`` or a copy with the same lower blocks)."""
     if len(inputs) != len(targets) or not len(inputs):
         raise ValueError(f"need one target per input, got {len(inputs)} and {len(targets)}")
     started = time.perf_counter()
     tuned = trainable_copy(model, k)
-    prefix = build_prefix(tuned, inputs, arch_of(tuned).n_layers - k)
+    layer = arch_of(tuned).n_layers - k
+    if prefix is None:
+        prefix = build_prefix(tuned, inputs, layer)
+    elif prefix.layer != layer or len(prefix) != len(inputs):
+        raise ValueError(
+            f"prefix holds {len(prefix)} items entering block {prefix.layer}; fine-tuning the "
+            f"last {k} blocks on {len(inputs)} inputs needs them entering block {layer}"
+        )
     prefix_seconds = time.perf_counter() - started
     tuned_head = head_on(tuned, head)
     tuned_head.requires_grad_(True)

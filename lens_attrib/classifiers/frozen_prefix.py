@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lens_attrib.backend import arch_of, residual_before, residual_from
 from lens_attrib.classifiers.linear import feature_position, item_tokens
+from lens_attrib.forward import no_grad_context
 from lens_attrib.progress import progress_bar
 
 CHUNK_OVERHEAD = 24
@@ -79,7 +80,7 @@ def build_prefix(
     resid: list[Tensor | None] = [None] * len(items)
     device = model.cfg.device
     bar = progress_bar(desc=f"frozen blocks 0-{layer - 1}", total=len(items), unit="item")
-    with bar, torch.no_grad():
+    with bar, no_grad_context(model):
         for rows in groups:
             tokens = torch.stack([items[i].tokens for i in rows]).to(device)
             types = (
@@ -150,10 +151,30 @@ def final_rows(
     return out[inverse]
 
 
+def prefix_features(
+    model: Any, prefix: FrozenPrefix, *, batch_size: int = 64, overhead: float = CHUNK_OVERHEAD
+) -> Float[Tensor, "n d_model"]:
+    """The final residual at the feature position of every item of ``prefix`` (no gradients),
+    in item order: :func:`lens_attrib.classifiers.linear.residual_features` of the same inputs
+    to float rounding, running only the blocks above ``prefix.layer``."""
+    order = sorted(range(len(prefix)), key=lambda i: prefix.lengths[i])
+    parts: list[Tensor] = []
+    with no_grad_context(model):
+        for start in range(0, len(order), batch_size):
+            parts.append(final_rows(model, prefix, order[start : start + batch_size], overhead))
+    if not parts:
+        return torch.empty(0, int(model.cfg.d_model), dtype=model.cfg.dtype)
+    out = torch.cat(parts).cpu()
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return out[inverse]
+
+
 __all__ = [
     "CHUNK_OVERHEAD",
     "FrozenPrefix",
     "build_prefix",
     "final_rows",
     "length_chunks",
+    "prefix_features",
 ]
