@@ -4,9 +4,9 @@ Oracle: the padded forward of the whole model (``head_rows``: ``to_batch`` of th
 items, the final residual at the feature position), in float64. Running the frozen lower blocks
 once per item at its own length and the top blocks in right-padded length chunks must give the
 same final rows and the same gradients on the trained blocks, to float64 rounding, on a decoder
-with rotary positions (Llama), one with learned positions (GPT-2) and an encoder with sentence-pair
-segments (BERT); features batched by length, or computed from the kept residuals, equal the
-per-item ones in the inputs' order.
+with rotary positions (Llama; Pythia: partial rotary, parallel blocks), one with learned positions
+(GPT-2) and an encoder with sentence-pair segments (BERT); features batched by length, or computed
+from the kept residuals, equal the per-item ones in the inputs' order.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lens_attrib.classifiers.frozen_prefix import (
     prefix_features,
 )
 from lens_attrib.classifiers.linear import LinearHead, new_head, residual_features
-from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
+from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
 
 F64 = torch.float64
 EXACT = 1e-10  # relative to the largest |value|: the same float64 arithmetic, other batch shapes
@@ -44,7 +44,7 @@ PAIRS = [
     ("this film was not good", "the movie is very good"),
     ("the book", "a dog"),
 ]
-MODELS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "bert": tiny_bert}
+MODELS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "pythia": tiny_pythia, "bert": tiny_bert}
 
 
 def _inputs(kind: str) -> list[Any]:
