@@ -38,12 +38,19 @@ Cache: ``$LENS_ATTRIB_CACHE/classifiers/<name>-<data hash>-s<seed>/`` holds the 
 Pearson r, weight decay, recipe version) and the training features;
 ``<that folder>-k<k>-e<epochs>-lr<lr>/`` holds the fine-tuned blocks and head (metadata adds
 ``linear_dev_score`` and the fine-tune's settings, steps, final loss and time). A head fitted by
-an earlier recipe (``linear.HEAD_FIT``) is refitted from the cached features and re-tuned. First
-use, measured on the 2 shared CPU cores of this project's machines with other jobs running
-(1 torch thread): 11 to 30 min for ``minilm-l6-stsb`` (fine-tune 10.5 min on 2026-11-25 with two
-other jobs beside it, 29 min under a heavier load), 55 min for
-``minilm-l6-sst2`` (features 8 min, fine-tune 44 min), 2 h for ``smollm2-135m-sst2`` (features
-54 min, fine-tune 59 min); later calls load in seconds.
+an earlier recipe (``linear.HEAD_FIT``) is refitted from the cached features and re-tuned.
+
+First use. The frozen lower blocks run once per training item, at its own length, and serve both
+stages (:mod:`lens_attrib.classifiers.frozen_prefix`): stage 1's training features run only the
+blocks above them, and every fine-tuning step runs only the trained blocks, its items in chunks of
+similar length (little padding); dev features are batched by length. The numbers are those of the
+padded whole-model forward to float rounding (the cache key did not change). Measured with
+``benchmarks/bench_training.py`` (1 torch thread, CPU time, extrapolated from 96 items; the 2
+shared cores were ~8× oversubscribed, so wall time was ~10× the CPU time): ``minilm-l6-sst2``
+10.3 CPU-min (was 14.6: 2.6 features + 12.1 fine-tune), ``smollm2-135m-sst2`` 13.9 CPU-min (was
+36.7: 18.2 + 18.5; an extra epoch now costs 4.5). Before, on 2026-11-25 under a lighter load,
+first use took 11 to 30 min wall for ``minilm-l6-stsb``, 55 min for ``minilm-l6-sst2`` and 2 h
+for ``smollm2-135m-sst2``; later calls load in seconds.
 
 Reached (dev accuracy / Pearson r; linear head on the frozen model → fine-tuned, measured
 2026-11-25): ``minilm-l6-sst2`` 0.752 → 0.852 (goal 0.85), ``minilm-l6-stsb`` 0.511 → 0.760 on

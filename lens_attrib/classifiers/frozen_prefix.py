@@ -159,8 +159,9 @@ def prefix_features(
     to float rounding, running only the blocks above ``prefix.layer``."""
     order = sorted(range(len(prefix)), key=lambda i: prefix.lengths[i])
     parts: list[Tensor] = []
+    starts = range(0, len(order), batch_size)
     with no_grad_context(model):
-        for start in range(0, len(order), batch_size):
+        for start in progress_bar(starts, desc="features", unit="batch"):
             parts.append(final_rows(model, prefix, order[start : start + batch_size], overhead))
     if not parts:
         return torch.empty(0, int(model.cfg.d_model), dtype=model.cfg.dtype)
