@@ -317,6 +317,58 @@ def embedding_forward(
         model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
 
 
+def _encoder_key_mask(mask: Tensor) -> Tensor | None:
+    """The additive key mask TransformerLens' ``HookedEncoder`` builds (``-inf`` on padding),
+    ``None`` when every position is real."""
+    if bool(mask.all()):
+        return None
+    return torch.where(mask[:, None, None, :], 0.0, -torch.inf)
+
+
+def residual_before(
+    model: Any,
+    arch: Arch,
+    layer: int,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
+) -> Float[Tensor, "batch pos d_model"]:
+    """The residual stream entering block ``layer`` (``0``: the embedding output; ``n_layers``:
+    the final residual, as :func:`final_residual`), one forward pass through the blocks below."""
+    if not 0 <= layer <= arch.n_layers:
+        raise ValueError(f"layer must be between 0 and {arch.n_layers}, got {layer}")
+    if arch.encoder:
+        resid = model.hook_full_embed(model.embed(tokens, token_types))
+        key_mask = _encoder_key_mask(mask)
+        for blk in model.blocks[:layer]:
+            resid = blk(resid, key_mask)
+        return cast(Tensor, resid)
+    return cast(Tensor, model(tokens, stop_at_layer=layer, **forward_kwargs(arch, mask, padded)))
+
+
+def residual_from(
+    model: Any, arch: Arch, resid: Tensor, layer: int, mask: Tensor
+) -> Float[Tensor, "batch pos d_model"]:
+    """The final residual, running blocks ``layer … n_layers − 1`` on ``resid`` (the residual
+    entering block ``layer``, :func:`residual_before`). Items are *right*-padded, ``mask`` marks
+    the real positions: encoders mask the padded keys; decoders need no mask (causal attention
+    never lets a real position see the padding after it, and positions count from 0)."""
+    if not 0 <= layer <= arch.n_layers:
+        raise ValueError(f"layer must be between 0 and {arch.n_layers}, got {layer}")
+    real = mask.long()
+    if bool((real[:, 1:] > real[:, :-1]).any()):
+        raise ValueError("residual_from takes right-padded items (real positions first)")
+    if arch.encoder:
+        key_mask = _encoder_key_mask(mask)
+        for blk in model.blocks[layer:]:
+            resid = blk(resid, key_mask)
+        return resid
+    if layer == arch.n_layers:
+        return resid
+    return cast(Tensor, model(resid, start_at_layer=layer, stop_at_layer=arch.n_layers))
+
+
 def lm_head(model: Any, arch: Arch) -> Head:
     """``ln_final`` + ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
     if arch.encoder:
@@ -345,7 +397,8 @@ def lm_head(model: Any, arch: Arch) -> Head:
 
 CLASS_HEAD = "lens_attrib_class_head"
 """Attribute (a registered submodule) holding the sequence-classification head a loaded
-``*ForSequenceClassification`` checkpoint came with (:mod:`lens_attrib.heads`)."""
+``*ForSequenceClassification`` checkpoint came with
+(:mod:`lens_attrib.classifiers.checkpoint_head`)."""
 
 
 def attached_head(model: Any) -> Head | None:
@@ -381,7 +434,7 @@ def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Ten
             "are not a linear function of the final residual, which this method (ALTI-Logit, "
             "LogAt, NormXLogit) decomposes. Use a method that takes the head as it is "
             "('integrated_gradients', 'grad_x_input', 'value_zeroing'), or pass "
-            "Target(head=...) with a linear head (e.g. a lens_attrib.heads.LinearHead of "
+            "Target(head=...) with a linear head (e.g. a lens_attrib.classifiers.LinearHead of "
             "ln_final and W_U) to explain the logit before the cap."
         )
     return model.unembed.W_U, model.unembed.b_U
@@ -501,6 +554,8 @@ __all__ = [
     "processing_signatures",
     "query_key_hooks",
     "resid_hook_names",
+    "residual_before",
+    "residual_from",
     "token_embedding_hook",
     "token_embedding_matrix",
     "unembedding",

@@ -704,9 +704,9 @@ def load_encoder_folder(
     - ``*ForMaskedLM`` keeps its MLM head (token logits, the transform's own activation);
       ``*Model`` and the classifier have none (``lens_attrib_no_lm_head``).
     - ``*ForSequenceClassification`` brings its head (BERT: pooler + tanh + classifier; RoBERTa:
-      classifier.dense + tanh + out_proj) as :class:`lens_attrib.heads.ClassifierHead` with the
-      ``id2label`` names, attached to the model: it is the default ``Target`` head, read at
-      ``[CLS]`` (:func:`lens_attrib.heads.with_model_head`).
+      classifier.dense + tanh + out_proj) as :class:`lens_attrib.classifiers.ClassifierHead` with
+      the ``id2label`` names, attached to the model: it is the default ``Target`` head, read at
+      ``[CLS]`` (:func:`lens_attrib.classifiers.with_model_head`).
     - RoBERTa numbers positions from ``pad_token_id + 1``: the table is stored from that row, so
       position ``i`` of the input reads the checkpoint's row ``pad_token_id + 1 + i``.
     - The segment table keeps the checkpoint's size (2 for BERT, 1 for RoBERTa).
@@ -720,7 +720,7 @@ def load_encoder_folder(
         AutoModelForSequenceClassification,
     )
 
-    from lens_attrib.heads import attach_class_head, class_head_of
+    from lens_attrib.classifiers.checkpoint_head import attach_class_head, class_head_of
 
     hf_config = AutoConfig.from_pretrained(folder)
     kind = encoder_kind(hf_config)

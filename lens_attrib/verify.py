@@ -209,8 +209,8 @@ def item_relative_difference(a: Attribution, b: Attribution, item: int, item_b: 
 
 def copy_model(model: Any, head: Any, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """A deep copy of ``model`` and ``head`` together (a head holding the model's modules, like
-    :class:`lens_attrib.heads.LinearHead`'s ``ln_final``, then holds the copy's), the tokenizer
-    shared; cast to ``dtype`` when given."""
+    :class:`lens_attrib.classifiers.LinearHead`'s ``ln_final``, then holds the copy's), the
+    tokenizer shared; cast to ``dtype`` when given."""
     memo: dict[int, Any] = {}
     if getattr(model, "tokenizer", None) is not None:
         memo[id(model.tokenizer)] = model.tokenizer
@@ -232,7 +232,7 @@ def copyable_head(target: Target | None) -> str | None:
         return None
     return (
         f"the target's head is a plain {type(head).__name__}, which cannot be copied with the "
-        "model; pass an nn.Module head (e.g. lens_attrib.heads.LinearHead) to run this check"
+        "model; pass an nn.Module head (e.g. lens_attrib.classifiers.LinearHead) to run this check"
     )
 
 

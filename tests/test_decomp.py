@@ -272,7 +272,7 @@ def test_chunking_does_not_change_the_result(bert, method, chunk):
 
 
 def test_decompx_explains_a_trained_encoder_head(bert):
-    from lens_attrib.heads import new_head
+    from lens_attrib.classifiers.linear import new_head
 
     head = new_head(bert, 2)
     assert head.norm is None

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lens_attrib import ModelError, OptionError, Target, TargetError, VerifyReport, verify
-from lens_attrib.heads import new_head
+from lens_attrib.classifiers.linear import new_head
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.methods import METHODS
 from lens_attrib.methods.registry import MethodOutput

@@ -36,6 +36,7 @@ from torch import Tensor
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
 from lens_attrib.chat import chat_inputs, chat_meta
+from lens_attrib.classifiers.checkpoint_head import with_model_head
 from lens_attrib.errors import (
     InputError,
     ModelError,
@@ -45,7 +46,6 @@ from lens_attrib.errors import (
 )
 from lens_attrib.finite import check_score_weights, raise_if_weights_nonfinite
 from lens_attrib.forward import grad_context, no_grad_context
-from lens_attrib.heads import with_model_head
 from lens_attrib.inputs import Batch, StartTokenLike, start_token_meta, to_batch
 from lens_attrib.progress import bars_closed_after
 from lens_attrib.target import ResolvedTarget, Target, warn_about_spaces
