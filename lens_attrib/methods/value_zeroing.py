@@ -17,6 +17,16 @@ the item's real tokens). ``layer_scores[b, l]`` is the target position's row ``C
 - ``"mean"``: the mean of the rows ``C^l[t, :]`` over layers — Inseq's default aggregation of its
   per-layer value-zeroing scores, which the π-Soft paper (Huang & Chan 2026) ran through Inseq.
 
+Consequence in causal models, which is the authors' definition and not a departure: position
+0 sees only itself, so row 0 of every ``C^l`` is ``e_0`` and the product ``C^{L−1} ⋯ C^0``
+drains every row onto the start token as layers accumulate (the authors worked with encoders).
+Measured on SmolLM2-135M (30 layers), 10 template SVA items with contrastive targets: the
+rolled-out row puts ≥ 0.999999 on the start token in every item, leaving the real tokens'
+order to the remainder (pointing game 0 / 10, start token excluded), while the last layer's
+row gives the start token a median 0.30 and the layer mean (``"mean"``) scores 3 / 10. Decoder
+experiments that reproduce the π-Soft paper's value-zeroing baseline (Inseq) should pass
+``aggregation="mean"``; ``layer_scores`` keeps the per-layer rows either way.
+
 The layer output is what the block returns (the next block's input; for post-LN encoders after
 the second LayerNorm, as in the authors' BERT code). In causal models ``C^l[i, j] = 0`` for
 ``j > i`` exactly (those zeroings are not run) and positions after the target cannot matter.
