@@ -302,6 +302,27 @@ def final_residual(
     )
 
 
+def block_forward(
+    model: Any, arch: Arch, layer: int, resid: Tensor, mask: Tensor, padded: bool
+) -> Float[Tensor, "batch pos d_model"]:
+    """Block ``layer`` alone on its input ``resid`` (hooks inside the block fire); returns what
+    the block returns, i.e. the next block's input (``resid_hook_names(arch)[layer]``).
+
+    ``mask``: the real positions of the rows (decoders need it only when ``padded``: left
+    padding shifts rotary positions and hides padding keys, as in the full forward).
+    """
+    if arch.encoder:
+        additive = torch.where(mask[:, None, None, :].bool(), 0.0, -torch.inf)
+        return cast(Tensor, model.blocks[layer](resid, additive))
+    if arch.positional == "shortformer":
+        raise ModelError(
+            "Running one block alone is not supported for shortformer positional embeddings "
+            "(the positions enter every block); use a model with standard or rotary positions."
+        )
+    kwargs = {"attention_mask": mask.long()} if padded else {}
+    return cast(Tensor, model(resid, start_at_layer=layer, stop_at_layer=layer + 1, **kwargs))
+
+
 def embedding_forward(
     model: Any,
     arch: Arch,
@@ -535,6 +556,7 @@ __all__ = [
     "attached_head",
     "attn_hook",
     "block",
+    "block_forward",
     "check_applies_to",
     "default_head",
     "embedded_input_hooks",
