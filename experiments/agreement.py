@@ -80,7 +80,7 @@ from lens_attrib import METHODS, Target, attribute
 from lens_attrib.cli import add_methods_argument, add_start_token_argument
 from lens_attrib.data import TaskItem, load_linzen_sva, load_squad_v2
 from lens_attrib.data.items import item_evidence_positions
-from lens_attrib.evaluation.items import ALIASES, is_blimp, load_task
+from lens_attrib.evaluation.items import ALIASES, is_blimp, load_task, method_options
 from lens_attrib.evaluation.metrics import ScoreOptions, by_metric, score
 from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.inputs import (
@@ -313,8 +313,7 @@ def unit_records(
     """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
     tokens counted and excluded. ``kept``: receives the first item's Attribution (by method)."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
-    opts: dict[str, Any] = {"seed": seed + first_item} if method == "random" else {}
-    attr = attribute(model, list(prompts), target, method=method, **opts)
+    attr = attribute(model, list(prompts), target, method=method, **method_options(method, seed))
     if kept is not None:
         kept[method] = attr[0]
     records: list[dict[str, Any]] = []
@@ -402,7 +401,7 @@ def score_task(
         )
         for method in methods:
             if method not in kept:
-                opts: dict[str, Any] = {"seed": seed} if method == "random" else {}
+                opts = method_options(method, seed)
                 kept[method] = attribute(model, data.prompts[:1], first, method=method, **opts)[0]
         examples += [kept[m] for m in methods]
     return records

@@ -40,6 +40,7 @@ from experiments.common import (
 )
 from lens_attrib import Attribution, Target, attribute
 from lens_attrib.data import item_evidence_positions, load_blimp
+from lens_attrib.evaluation.items import method_options
 from lens_attrib.evaluation.metrics import MetricRecord, ScoreOptions, score
 from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.inputs import start_token_of
@@ -107,7 +108,8 @@ def layer_rows(
     elif method == "logat_plural":
         attr = attribute(model, prompts, Target(token=PLURAL), method="logat")
     elif method == "random":
-        attr = attribute(model, prompts, Target(token=targets), method="random", seed=seed)
+        opts = method_options("random", seed)
+        attr = attribute(model, prompts, Target(token=targets), method="random", **opts)
     elif method in ("globenc_layer", "alti_layer"):
         name = method.removesuffix("_layer")
         attr = attribute(model, prompts, Target(token=targets), method=name, rollout=False)
@@ -182,7 +184,7 @@ def score_paradigm(
                 prompts,
                 [it.target for it in chunk],
                 [it.foil for it in chunk],
-                seed + start,
+                seed,
             )
             if collect and examples is not None and start == 0:
                 examples.append(attr[0])

@@ -81,9 +81,11 @@ from lens_attrib.classifiers import Classifier, load_classifier, stsb_split
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import pearson_drop
+from lens_attrib.evaluation.items import method_options
 from lens_attrib.evaluation.metrics import SOFT_BASE, ScoreOptions, score
 from lens_attrib.evaluation.records import AOPCCurves, PiCurves, curve_points
 from lens_attrib.evaluation.records import summarize as summarize_records
+from lens_attrib.evaluation.stats import bootstrap_ci
 from lens_attrib.forward import head_outputs
 from lens_attrib.inputs import start_token_of, to_batch
 from lens_attrib.progress import progress_bar
@@ -219,7 +221,7 @@ def predict(model: Any, prompts: list[str], ids: list[int]) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class Protocol:
     """What every unit scores: the metric names asked of :func:`score`, their options, and the
-    seed of the ``random`` method."""
+    run's seed (Soft draws; the ``random`` method, :func:`method_options`)."""
 
     metrics: tuple[str, ...]
     options: ScoreOptions
@@ -269,8 +271,7 @@ def unit_records(
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
     record per item × metric); ``examples`` receives the first item's Attribution."""
-    opts: dict[str, Any] = {"seed": proto.seed + start} if method == "random" else {}
-    attr = attribute(model, inputs, target, method=method, **opts)
+    attr = attribute(model, inputs, target, method=method, **method_options(method, proto.seed))
     if examples is not None:
         examples.append(attr[0])
     scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options)
@@ -428,25 +429,17 @@ def pearson_drop_rows(
     seed: int,
 ) -> list[dict[str, Any]]:
     """Summary rows of the dataset-level Pearson drop (mean over fractions; its percentile
-    bootstrap over items, 1000 resamples) and of the drop at every fraction."""
+    bootstrap over items, 1000 resamples: :func:`~lens_attrib.evaluation.stats.bootstrap_ci`
+    with the drop as its statistic) and of the drop at every fraction."""
     import numpy as np
 
-    def drop(idx: torch.Tensor) -> float:
-        return float(
-            np.mean(
-                [
-                    pearson_drop(full[idx], perturbed[idx, k], gold[idx])
-                    for k in range(len(fractions))
-                ]
-            )
-        )
+    def drop(full: torch.Tensor, perturbed: torch.Tensor, gold: torch.Tensor) -> float:
+        ks = range(len(fractions))
+        return float(np.mean([pearson_drop(full, perturbed[:, k], gold) for k in ks]))
 
     n = len(full)
-    rng = np.random.default_rng(seed)
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated item
-        boot = np.asarray([drop(torch.as_tensor(rng.integers(0, n, n))) for _ in range(1000)])
-        value = drop(torch.arange(n))
-    low, high = np.quantile(boot[np.isfinite(boot)], [0.025, 0.975])
+        value, low, high, _ = bootstrap_ci((full, perturbed, gold), statistic=drop, seed=seed)
     row = {"dataset": dataset, "method": method, "n": n, "n_total": n}
     rows = [
         {

@@ -110,6 +110,20 @@ def explained_target(items: Sequence[Any], target: str, contrastive: bool) -> Ta
     return Target(token=[it.target for it in items] if gold else None, foil=foil)
 
 
+def method_options(
+    method: str, seed: int, options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The options ``method`` is called with in an evaluation: the caller's, and for the
+    ``random`` baseline the run's ``seed`` (unless the caller set one). The one seeding rule of
+    the runner and the experiments: ``random`` seeds each item from this seed and the item's
+    own token ids (:func:`lens_attrib.methods.perturbation.item_seed`), so an item gets the
+    same random scores in every batch, shard, run and experiment with the same seed."""
+    options = dict(options or {})
+    if method == "random":
+        options.setdefault("seed", seed)
+    return options
+
+
 def start_of(model: Any, prompt: str, start: StartToken) -> str | None:
     """The start token ``prompt``'s model input begins with under ``start`` (or ``None``)."""
     ids, _ = prompt_ids(model, prompt, start)
@@ -133,6 +147,7 @@ __all__ = [
     "is_blimp",
     "item_evidence",
     "load_task",
+    "method_options",
     "start_of",
     "task_names",
     "token_lengths",

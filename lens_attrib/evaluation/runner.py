@@ -33,6 +33,7 @@ from lens_attrib.evaluation import distributed
 from lens_attrib.evaluation.batching import BatchSizer, plan_chunks
 from lens_attrib.evaluation.faithfulness import special_ids_of
 from lens_attrib.evaluation.items import explained_target, item_evidence, token_lengths
+from lens_attrib.evaluation.items import method_options as seeded
 from lens_attrib.evaluation.journal import Journal
 from lens_attrib.evaluation.loop import (
     Known,
@@ -88,7 +89,8 @@ def evaluate(
 
     ``method_options[name]`` go to the method; ``metric_options`` holds fields of
     :class:`~lens_attrib.evaluation.metrics.ScoreOptions` (``"aopc"``, ``"curves"`` and
-    ``"soft"`` option dicts, ``max_batch``, ``seed``). ``only_correct``: skip items the model
+    ``"soft"`` option dicts, ``max_batch``, ``seed``); ``random`` gets ``seed`` too
+    (:func:`~lens_attrib.evaluation.items.method_options`). ``only_correct``: skip items the model
     gets wrong (their correctness records are kept).
 
     Batches: the items are sorted by token length and cut into chunks of ``batch_size``
@@ -215,7 +217,7 @@ def _explain_and_score(
         explained_target(items, target, contrastive),
         method=method,
         start_token=start_token,
-        **method_options,
+        **seeded(method, options.seed, method_options),
     )
     starts = attr.meta["start_token"]
     base = [base_record(i, it, *known[i], s) for i, it, s in zip(indices, items, starts)]
