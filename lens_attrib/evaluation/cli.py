@@ -58,6 +58,7 @@ def load_named_model(name: str, device: str | torch.device | None = None) -> Any
 
 def main(argv: Sequence[str] | None = None) -> EvalResult:
     parser = argparse.ArgumentParser(
+        prog="python -m lens_attrib.evaluation",
         description="Evaluate attribution methods on a task dataset: records and a summary.",
         epilog="Many processes: torchrun --nproc-per-node N -m lens_attrib.evaluation "
         "... (or accelerate launch -m ...); each rank takes its shard, rank 0 writes --out.",
