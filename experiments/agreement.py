@@ -65,6 +65,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from experiments.common import (
     base_parser,
     format_table,
@@ -76,39 +78,26 @@ from experiments.common import (
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.cli import add_methods_argument, add_start_token_argument
-from lens_attrib.data import (
-    TaskItem,
-    generate_anaphora,
-    generate_sva,
-    load_blimp,
-    load_items,
-    load_linzen_sva,
-    load_squad_v2,
-)
+from lens_attrib.data import TaskItem, load_linzen_sva, load_squad_v2
 from lens_attrib.data.items import item_evidence_positions
-from lens_attrib.evaluation.plausibility import degenerate, plausibility
+from lens_attrib.evaluation.items import ALIASES, is_blimp, load_task, method_options
+from lens_attrib.evaluation.metrics import ScoreOptions, by_metric, score
 from lens_attrib.evaluation.records import summarize as summarize_records
-from lens_attrib.forward import head_outputs
 from lens_attrib.inputs import (
     StartToken,
     prompt_ids,
     start_token_of,
     start_token_setting,
-    to_batch,
 )
 from lens_attrib.progress import progress_bar
-from lens_attrib.scoring import contrastive_scores, single_token_items
+from lens_attrib.scoring import correctness, single_token_items
 
 DEFAULT_METHODS = "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random"
 DEFAULT_TASKS = "ra,sva,blimp_darn,qa,linzen"
 TEMPLATE_TASKS = ("ra", "sva")
 OTHER_TASKS = ("qa", "linzen")
 METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "token_accuracy"}
-BLIMP_TASKS = {
-    "blimp_rpsv": "regular_plural_subject_verb_agreement_1",
-    "blimp_darn": "distractor_agreement_relational_noun",
-    "blimp_ana": "anaphor_number_agreement",
-}
+BLIMP_TASKS = tuple(t for t in ALIASES if is_blimp(t))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
@@ -184,28 +173,11 @@ def data_task(path: str) -> str:
     return Path(path).stem
 
 
-def task_items(
-    task: str, n: int, seed: int, data: dict[str, str], blimp_root: str | None = None
-) -> list[TaskItem]:
-    """Items of a template, BLiMP (alias or ``blimp:<UID>``) or user-file task."""
-    if task == "ra":
-        return generate_anaphora(n, seed=seed)
-    if task == "sva":
-        return generate_sva(n, seed=seed)
-    if task in data:
-        return load_items(data[task])
-    if task in BLIMP_TASKS or task.startswith("blimp:"):
-        uid = BLIMP_TASKS.get(task) or task.split(":", 1)[1]
-        return load_blimp(uid, n=4 * n, seed=seed, root=blimp_root)
-    known = (*TEMPLATE_TASKS, *BLIMP_TASKS, *OTHER_TASKS, *data)
-    raise KeyError(f"unknown task {task!r}; known: {', '.join(known)}, blimp:<UID>, --data FILE")
-
-
 def prepare_contrastive(model: Any, items: Sequence[TaskItem], n: int) -> Prepared:
     """Single-token, correctly predicted items with foils and evidence (at most ``n``)."""
     total = len(items)
     items, _ = single_token_items(model, [it for it in items if it.evidence_words])
-    correct = contrastive_scores(model, items).correct.tolist() if items else []
+    correct = correct_items(model, items)
     kept = [it for it, ok in zip(items, correct) if ok][:n]
     return Prepared(
         prompts=[it.prompt for it in kept],
@@ -254,14 +226,23 @@ def prepare_items(model: Any, items: Sequence[TaskItem], n: int) -> Prepared:
     )
 
 
+def correct_items(model: Any, items: Sequence[TaskItem]) -> list[bool]:
+    """Whether the model prefers each item's target over its foil (:func:`correctness`)."""
+    if not items:
+        return []
+    res = correctness(
+        model, [it.prompt for it in items], [it.target for it in items], [it.foil for it in items]
+    )
+    return [bool(c) for c in res.correct]
+
+
 def predicted(model: Any, prompts: Sequence[str], answers: Sequence[int]) -> list[bool]:
-    """Whether the model's argmax at each prompt's last token is its answer (the head is
-    applied at that row only, through the forward engine)."""
+    """Whether the model's argmax at each prompt's last token is its answer
+    (:func:`correctness`; all prompts in one padded batch, 8 rows per forward)."""
     if not prompts:
         return []
-    batch = to_batch(model, list(prompts))
-    logits = head_outputs(model, batch.tokens, batch.mask, batch.last_real, max_batch=8)
-    return [int(p) == a for p, a in zip(logits.argmax(-1).tolist(), answers)]
+    res = correctness(model, list(prompts), list(answers), batch_size=len(prompts), max_batch=8)
+    return [bool(c) for c in res.correct]
 
 
 def answer_positions(model: Any, prompt: str, spans: Sequence[tuple[int, int]]) -> list[int]:
@@ -306,18 +287,13 @@ def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int) ->
 def linzen_accuracy(model: Any, n: int, seed: int) -> list[dict[str, Any]]:
     """Accuracy on the Linzen set by number of attractors (no evidence annotation there)."""
     items, _ = single_token_items(model, load_linzen_sva(n=n, seed=seed))
-    score = contrastive_scores(model, items)
+    correct = torch.tensor(correct_items(model, items), dtype=torch.float64)
     rows = []
     for k in sorted({it.meta["n_attractors"] for it in items}):
         sel = [i for i, it in enumerate(items) if it.meta["n_attractors"] == k]
-        rows.append(
-            {
-                "n_attractors": k,
-                "n": len(sel),
-                "accuracy": float(score.correct[sel].double().mean()),
-            }
-        )
-    rows.append({"n_attractors": "all", "n": len(items), "accuracy": score.accuracy})
+        rows.append({"n_attractors": k, "n": len(sel), "accuracy": float(correct[sel].mean())})
+    total = float(correct.mean()) if len(items) else float("nan")
+    rows.append({"n_attractors": "all", "n": len(items), "accuracy": total})
     return rows
 
 
@@ -337,28 +313,35 @@ def unit_records(
     """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
     tokens counted and excluded. ``kept``: receives the first item's Attribution (by method)."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
-    opts: dict[str, Any] = {"seed": seed + first_item} if method == "random" else {}
-    attr = attribute(model, list(prompts), target, method=method, **opts)
+    attr = attribute(model, list(prompts), target, method=method, **method_options(method, seed))
     if kept is not None:
         kept[method] = attr[0]
     records: list[dict[str, Any]] = []
     for specials, ids in (("in", []), ("out", special_out)):
-        values = plausibility(attr, list(evidence), list(METRICS.values()), special_ids=ids)
-        flat = degenerate(attr, special_ids=ids).tolist()
-        for metric, column in values.items():
-            for j, v in enumerate(column.tolist()):
-                records.append(
-                    {
-                        "task": task,
-                        "item": first_item + j,
-                        "method": method,
-                        "mode": mode,
-                        "specials": specials,
-                        "metric": metric,
-                        "value": float(v),
-                        "degenerate": bool(flat[j]),
-                    }
-                )
+        scored = by_metric(
+            score(
+                model,
+                attr,
+                [*METRICS.values(), "degenerate"],
+                evidence=list(evidence),
+                options=ScoreOptions(special_ids=ids),
+            )
+        )
+        flat = [bool(r.value) for r in scored.pop("degenerate")]
+        records += [
+            {
+                "task": task,
+                "item": first_item + r.item,
+                "method": method,
+                "mode": mode,
+                "specials": specials,
+                "metric": metric,
+                "value": r.value,
+                "degenerate": flat[r.item],
+            }
+            for metric, rows in scored.items()
+            for r in rows
+        ]
     return records
 
 
@@ -418,7 +401,7 @@ def score_task(
         )
         for method in methods:
             if method not in kept:
-                opts: dict[str, Any] = {"seed": seed} if method == "random" else {}
+                opts = method_options(method, seed)
                 kept[method] = attribute(model, data.prompts[:1], first, method=method, **opts)[0]
         examples += [kept[m] for m in methods]
     return records
@@ -562,7 +545,8 @@ def run(
             data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens)
         else:
             pool = args.n_pool or args.n
-            items = task_items(task, pool, args.seed, data_files, args.blimp_root)
+            size = 4 * pool if is_blimp(task) else pool  # BLiMP: a pool to keep n from
+            items = load_task(task, size, args.seed, files=data_files, blimp_root=args.blimp_root)
             data = prepare_items(model, items, args.n)
         counts[task] = {
             "n_scored": data.n_total,

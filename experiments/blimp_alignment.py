@@ -40,11 +40,12 @@ from experiments.common import (
 )
 from lens_attrib import Attribution, Target, attribute
 from lens_attrib.data import item_evidence_positions, load_blimp
-from lens_attrib.evaluation.plausibility import plausibility
+from lens_attrib.evaluation.items import method_options
+from lens_attrib.evaluation.metrics import MetricRecord, ScoreOptions, score
 from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.inputs import start_token_of
 from lens_attrib.progress import progress_bar
-from lens_attrib.scoring import contrastive_scores, single_token_items
+from lens_attrib.scoring import correctness, single_token_items
 
 PARADIGMS = {
     "ana": "anaphor_number_agreement",
@@ -86,7 +87,8 @@ def items_for(model: Any, paradigm: str, n: int, seed: int, only_correct: bool) 
     items, _ = single_token_items(model, load_blimp(PARADIGMS[paradigm], n=4 * n, seed=seed))
     items = [it for it in items if it.evidence_words]
     if only_correct and items:
-        correct = contrastive_scores(model, items).correct.tolist()
+        prompts, targets = [it.prompt for it in items], [it.target for it in items]
+        correct = correctness(model, prompts, targets, [it.foil for it in items]).correct
         items = [it for it, ok in zip(items, correct) if ok]
     return items[:n]
 
@@ -106,7 +108,8 @@ def layer_rows(
     elif method == "logat_plural":
         attr = attribute(model, prompts, Target(token=PLURAL), method="logat")
     elif method == "random":
-        attr = attribute(model, prompts, Target(token=targets), method="random", seed=seed)
+        opts = method_options("random", seed)
+        attr = attribute(model, prompts, Target(token=targets), method="random", **opts)
     elif method in ("globenc_layer", "alti_layer"):
         name = method.removesuffix("_layer")
         attr = attribute(model, prompts, Target(token=targets), method=name, rollout=False)
@@ -127,7 +130,34 @@ def layer_rows(
     return attr, out
 
 
-def score(
+def layer_records(
+    model: Any,
+    attr: Attribution,
+    rows: torch.Tensor,
+    evidence: list[list[int]],
+    special: list[int],
+) -> list[MetricRecord]:
+    """DP and AP of every defined layer of ``rows`` (``[batch, n_layers + 1, pos]``, NaN where
+    a method has no such layer), layer by layer (metrics, then items, inside)."""
+    defined = [k for k in range(rows.shape[1]) if not bool(torch.isnan(rows[:, k]).all())]
+    view = Attribution(
+        scores=rows[:, defined[-1]].nan_to_num(0.0),
+        tokens=attr.tokens,
+        token_ids=attr.token_ids,
+        mask=attr.mask,
+        target=attr.target,
+        method=attr.method,
+        layer_scores=rows[:, defined].nan_to_num(0.0),
+        meta={"layers": defined},
+    )
+    options = ScoreOptions(special_ids=special, per_layer=True)
+    scored = score(model, view, list(METRICS.values()), evidence=evidence, options=options)
+    order = list(METRICS.values())
+    per_layer = [r for r in scored if r.layer is not None]
+    return sorted(per_layer, key=lambda r: (r.layer, order.index(r.metric)))
+
+
+def score_paradigm(
     model: Any,
     paradigm: str,
     items: list[Any],
@@ -154,34 +184,21 @@ def score(
                 prompts,
                 [it.target for it in chunk],
                 [it.foil for it in chunk],
-                seed + start,
+                seed,
             )
             if collect and examples is not None and start == 0:
                 examples.append(attr[0])
-            for layer in range(rows.shape[1]):
-                if bool(torch.isnan(rows[:, layer]).all()):
-                    continue
-                view = Attribution(
-                    scores=rows[:, layer].nan_to_num(0.0),
-                    tokens=attr.tokens,
-                    token_ids=attr.token_ids,
-                    mask=attr.mask,
-                    target=attr.target,
-                    method=method,
-                )
-                values = plausibility(view, evidence, list(METRICS.values()), special_ids=special)
-                for metric, column in values.items():
-                    for j, v in enumerate(column.tolist()):
-                        records.append(
-                            {
-                                "paradigm": paradigm,
-                                "item": start + j,
-                                "method": method,
-                                "layer": layer,
-                                "metric": metric,
-                                "value": float(v),
-                            }
-                        )
+            records += [
+                {
+                    "paradigm": paradigm,
+                    "item": start + r.item,
+                    "method": method,
+                    "layer": r.layer,
+                    "metric": r.metric,
+                    "value": r.value,
+                }
+                for r in layer_records(model, attr, rows, evidence, special)
+            ]
     return records
 
 
@@ -270,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         items = items_for(model, paradigm, args.n, args.seed, args.only_correct)
         counts[paradigm] = len(items)
         print(f"{paradigm}: {len(items)} items", flush=True)
-        records += score(
+        records += score_paradigm(
             model, paradigm, items, methods, args.batch_size, args.seed, examples=examples
         )
     summary = summarize(records)

@@ -59,6 +59,7 @@ deeplift,reagent,random --fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -79,12 +80,16 @@ from lens_attrib.backend import arch_of
 from lens_attrib.classifiers import Classifier, load_classifier, stsb_split
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
-from lens_attrib.evaluation import aopc, insertion_deletion, pearson_drop, soft_metrics
+from lens_attrib.evaluation import pearson_drop
+from lens_attrib.evaluation.items import method_options
+from lens_attrib.evaluation.metrics import SOFT_BASE, ScoreOptions, score
+from lens_attrib.evaluation.records import AOPCCurves, PiCurves, curve_points
 from lens_attrib.evaluation.records import summarize as summarize_records
+from lens_attrib.evaluation.stats import bootstrap_ci
 from lens_attrib.forward import head_outputs
-from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import start_token_of, to_batch
 from lens_attrib.progress import progress_bar
+from lens_attrib.scoring import correctness
 
 DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"
 LABELS = {
@@ -205,65 +210,83 @@ def load(dataset: str, n: int, seed: int) -> list[Any]:
 
 
 def predict(model: Any, prompts: list[str], ids: list[int]) -> list[int]:
-    """Index (0/1) of the preferred label token at the last position of every prompt."""
-    out: list[int] = []
-    with model_guard(model), torch.no_grad():
-        for start in range(0, len(prompts), 4):
-            batch = to_batch(model, prompts[start : start + 4])
-            logits = model(batch.tokens, **batch.model_kwargs())
-            last = logits[torch.arange(batch.size), batch.last_real.to(logits.device)]
-            out += last[:, ids].argmax(-1).tolist()
-    return out
+    """Index (0/1) of the preferred label token at the last position of every prompt
+    (:func:`correctness` over the label tokens, 4 prompts per forward)."""
+    return correctness(
+        model, prompts, candidates=ids, batch_size=4, max_batch=4
+    ).prediction.tolist()
 
 
 # ------------------------------------------------------------------------------- metrics
-def evaluate_batch(
-    model: Any, attr: Any, args: Any, pis: list[float]
-) -> tuple[dict[str, torch.Tensor], Any, Any]:
-    """All zero-shot metric columns for one Attribution, plus the AOPC and dynamic Soft
-    results."""
-    values: dict[str, torch.Tensor] = {}
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """What every unit scores: the metric names asked of :func:`score`, their options, and the
+    run's seed (Soft draws; the ``random`` method, :func:`method_options`)."""
+
+    metrics: tuple[str, ...]
+    options: ScoreOptions
+    seed: int
+
+
+def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) -> Protocol:
+    """The metrics of a mode (module docstring) with the curve points the records keep, so
+    that figures and the Pearson drop can be made from records alone (e.g. after a resumed
+    run): AOPC ``comprehensiveness@K`` / ``sufficiency@K`` and dynamic-routing
+    ``pi_soft_nc@π`` / ``pi_soft_ns@π``; regression: AOPC only, with the head's
+    ``output_full`` and ``output_without_top@K``."""
     fractions = [float(f) for f in parse_list(args.fractions)]
-    res_a = aopc(model, attr, fractions=fractions, label="target", max_batch=args.max_batch)
-    values["comprehensiveness"] = res_a.comprehensiveness
-    values["sufficiency"] = res_a.sufficiency
-    soft, res_d = soft_values(model, attr, args, pis)
-    return {**values, **soft}, res_a, res_d
-
-
-def curve_values(res_a: Any, res_d: Any, regression: bool) -> dict[str, torch.Tensor]:
-    """Per-item curve points kept in the records (so that figures and the Pearson drop can be
-    made from records alone, e.g. after a resumed run): AOPC ``comprehensiveness@K`` /
-    ``sufficiency@K``, dynamic-routing ``pi_soft_nc@π`` / ``pi_soft_ns@π``; regression: the
-    head's ``output_full`` and ``output_without_top@K``."""
-    values: dict[str, torch.Tensor] = {}
-    for k, f in enumerate(res_a.fractions):
-        values[f"comprehensiveness@{float(f):g}"] = res_a.comprehensiveness_k[:, k]
-        values[f"sufficiency@{float(f):g}"] = res_a.sufficiency_k[:, k]
+    names = ["comprehensiveness", "sufficiency", "comprehensiveness_curve", "sufficiency_curve"]
     if regression:
-        values["output_full"] = res_a.p_full
-        for k, f in enumerate(res_a.fractions):
-            values[f"output_without_top@{float(f):g}"] = res_a.perturbed_values["without_top"][:, k]
-    if res_d is not None:
-        for k, pi in enumerate(res_d.pis):
-            values[f"pi_soft_nc@{float(pi):g}"] = res_d.pi_nc_curve[:, k]
-            values[f"pi_soft_ns@{float(pi):g}"] = res_d.pi_ns_curve[:, k]
-    return values
+        names += ["output_full", "output_without_top_curve"]
+    else:
+        if not zero_shot:
+            names.append("accuracy_perturbation")
+            if not args.no_curves:
+                names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip"]
+        for suffix in ("",) if args.no_fixed else ("", "_fixed"):
+            names += [m + suffix for m in SOFT_BASE]
+        names += ["pi_soft_nc_curve", "pi_soft_ns_curve"]
+    options = ScoreOptions(
+        max_batch=args.max_batch,
+        seed=args.seed,
+        aopc={"fractions": fractions, "label": "target"},
+        curves={"steps": args.steps, "label": "target"},
+        soft={"pis": pis, "n_draws": args.n_draws},
+    )
+    return Protocol(tuple(names), options, args.seed)
 
 
-def curve(
-    records: Sequence[dict[str, Any]], dataset: str, method: str, prefix: str
-) -> tuple[list[float], torch.Tensor]:
-    """(grid, values ``[items, grid]``) of the ``<prefix>@x`` records of one dataset × method."""
-    points: dict[float, dict[int, float]] = {}
-    for r in records:
-        if r["dataset"] == dataset and r["method"] == method and r["metric"].startswith(prefix):
-            x = float(r["metric"].split("@")[1]) if "@" in r["metric"] else 0.0
-            points.setdefault(x, {})[r["item"]] = r["value"]
-    grid = sorted(points)
-    items = sorted(points[grid[0]]) if grid else []
-    values = torch.tensor([[points[x][i] for x in grid] for i in items], dtype=torch.float64)
-    return grid, values
+def unit_records(
+    model: Any,
+    dataset: str,
+    inputs: list[Any],
+    target: Target,
+    method: str,
+    start: int,
+    proto: Protocol,
+    gold_batch: torch.Tensor | None,
+    gold: list[Any],
+    pred: list[Any],
+    examples: list[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
+    record per item × metric); ``examples`` receives the first item's Attribution."""
+    attr = attribute(model, inputs, target, method=method, **method_options(method, proto.seed))
+    if examples is not None:
+        examples.append(attr[0])
+    scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options)
+    return [
+        {
+            "dataset": dataset,
+            "item": start + r.item,
+            "method": method,
+            "metric": r.name,
+            "value": r.value,
+            "gold": gold[start + r.item],
+            "prediction": pred[start + r.item],
+        }
+        for r in scored
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -290,10 +313,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         resume=args.resume,
         overwrite=args.overwrite,
     )
-    records, accuracy, figs, examples, extra_rows = run(model, args, datasets, methods, pis, units)
+    result = run(model, args, datasets, methods, pis, units)
+    records, accuracy, figs, examples = (
+        result.records,
+        result.accuracy,
+        result.figures,
+        result.examples,
+    )
     if units.reused:
         print(f"{units.reused} units taken from {units.path}, {units.computed} computed")
-    summary = summarize(records) + extra_rows
+    summary = summarize(records) + result.extra_rows
     table = render(summary, datasets, methods, accuracy, args)
     print(table)
     paths = write_outputs(
@@ -325,55 +354,32 @@ def manifest(args: Any) -> dict[str, Any]:
     return {k: getattr(args, k) for k in keys} | ({"frozen": True} if args.frozen else {})
 
 
-Run = tuple[list[dict[str, Any]], dict[str, float], list[Any], list[Any], list[dict[str, Any]]]
+@dataclasses.dataclass
+class RunResult:
+    """What a mode's run gives: the records, the classifier / zero-shot score per dataset, the
+    figures, one example Attribution per method, and summary rows made over whole datasets
+    (the Pearson drop)."""
+
+    records: list[dict[str, Any]]
+    accuracy: dict[str, float]
+    figures: list[Any]
+    examples: list[Any]
+    extra_rows: list[dict[str, Any]]
 
 
 def curve_figures(records: Sequence[dict[str, Any]], dataset: str, methods: Sequence[str]):
     """AOPC curves and (when computed) dynamic-routing π-Soft curves of one dataset, from the
-    records' curve points (:func:`curve_values`)."""
-    from types import SimpleNamespace
-
+    records' curve points (:class:`~lens_attrib.evaluation.records.AOPCCurves`,
+    :class:`~lens_attrib.evaluation.records.PiCurves`)."""
     from lens_attrib.plot import aopc_curves, pi_curves
 
-    aopc_res, soft_res = {}, {}
-    for m in methods:
-        fractions, comp = curve(records, dataset, m, "comprehensiveness@")
-        _, suff = curve(records, dataset, m, "sufficiency@")
-        aopc_res[m] = SimpleNamespace(
-            fractions=torch.tensor(fractions), comprehensiveness_k=comp, sufficiency_k=suff
-        )
-        pis, nc = curve(records, dataset, m, "pi_soft_nc@")
-        if pis:
-            _, ns = curve(records, dataset, m, "pi_soft_ns@")
-            soft_res[m] = SimpleNamespace(pis=torch.tensor(pis), pi_nc_curve=nc, pi_ns_curve=ns)
+    aopc_res = {m: AOPCCurves.from_records(records, dataset=dataset, method=m) for m in methods}
+    pi_res = {m: PiCurves.from_records(records, dataset=dataset, method=m) for m in methods}
+    soft_res = {m: c for m, c in pi_res.items() if c is not None}
     figs = [aopc_curves(aopc_res, title=f"{dataset}: AOPC curves")]
     if soft_res:
         figs.append(pi_curves(soft_res, title=f"{dataset}: π-Soft curves (dynamic routing)"))
     return figs
-
-
-def item_records(
-    dataset: str,
-    start: int,
-    method: str,
-    values: dict[str, torch.Tensor],
-    gold: list[Any],
-    pred: list[Any],
-) -> list[dict[str, Any]]:
-    """One record per item × metric of a batch starting at item ``start``."""
-    return [
-        {
-            "dataset": dataset,
-            "item": start + j,
-            "method": method,
-            "metric": metric,
-            "value": float(v),
-            "gold": gold[start + j],
-            "prediction": pred[start + j],
-        }
-        for metric, column in values.items()
-        for j, v in enumerate(column.tolist())
-    ]
 
 
 # ------------------------------------------------------------------------------- classifiers
@@ -423,25 +429,17 @@ def pearson_drop_rows(
     seed: int,
 ) -> list[dict[str, Any]]:
     """Summary rows of the dataset-level Pearson drop (mean over fractions; its percentile
-    bootstrap over items, 1000 resamples) and of the drop at every fraction."""
+    bootstrap over items, 1000 resamples: :func:`~lens_attrib.evaluation.stats.bootstrap_ci`
+    with the drop as its statistic) and of the drop at every fraction."""
     import numpy as np
 
-    def drop(idx: torch.Tensor) -> float:
-        return float(
-            np.mean(
-                [
-                    pearson_drop(full[idx], perturbed[idx, k], gold[idx])
-                    for k in range(len(fractions))
-                ]
-            )
-        )
+    def drop(full: torch.Tensor, perturbed: torch.Tensor, gold: torch.Tensor) -> float:
+        ks = range(len(fractions))
+        return float(np.mean([pearson_drop(full, perturbed[:, k], gold) for k in ks]))
 
     n = len(full)
-    rng = np.random.default_rng(seed)
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated item
-        boot = np.asarray([drop(torch.as_tensor(rng.integers(0, n, n))) for _ in range(1000)])
-        value = drop(torch.arange(n))
-    low, high = np.quantile(boot[np.isfinite(boot)], [0.025, 0.975])
+        value, low, high, _ = bootstrap_ci((full, perturbed, gold), statistic=drop, seed=seed)
     row = {"dataset": dataset, "method": method, "n": n, "n_total": n}
     rows = [
         {
@@ -465,7 +463,7 @@ def run_classifiers(
     methods: list[str],
     pis: list[float],
     units: Units,
-) -> Run:
+) -> RunResult:
     """Faithfulness of every method on the trained classifiers (module docstring)."""
     records: list[dict[str, Any]] = []
     accuracy: dict[str, float] = {}
@@ -501,6 +499,7 @@ def run_classifiers(
         )
         clf_id = fingerprint([clf.info.name, clf.info.metadata])
         items_id = fingerprint([inputs, gold])
+        proto = protocol(args, pis, zero_shot=False, regression=regression)
         starts = range(0, len(inputs), args.batch_size)
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
@@ -508,21 +507,22 @@ def run_classifiers(
             for method in methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
-                    classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, args, pis,
-                    fractions, None if regression else gold_t[sl], gold, pred, keep,
+                    classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, proto,
+                    None if regression else gold_t[sl], gold, pred, keep,
                 )  # fmt: skip
                 key = f"{dataset}:{clf_id}:{items_id}|{method}"
                 records += units.get(key, items, compute)
         if regression:
             for method in methods:
-                _, full = curve(records, dataset, method, "output_full")
-                _, perturbed = curve(records, dataset, method, "output_without_top@")
+                where = {"dataset": dataset, "method": method}
+                full = curve_points(records, "output_full", **where).values
+                perturbed = curve_points(records, "output_without_top@", **where).values
                 extra_rows += pearson_drop_rows(
                     dataset, method, full[:, 0], perturbed, gold_t.double(), fractions, args.seed
                 )
         if inputs:
             figs += curve_figures(records, dataset, methods)
-    return records, accuracy, figs, examples, extra_rows
+    return RunResult(records, accuracy, figs, examples, extra_rows)
 
 
 def classifier_unit(
@@ -532,86 +532,18 @@ def classifier_unit(
     inputs: list[Any],
     method: str,
     start: int,
-    args: Any,
-    pis: list[float],
-    fractions: list[float],
+    proto: Protocol,
     gold_batch: torch.Tensor | None,
     gold: list[Any],
     pred: list[Any],
     examples: list[Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric and
-    the curve points); ``examples`` receives the first item's Attribution."""
-    opts = {"seed": args.seed + start} if method == "random" else {}
-    attr = attribute(model, inputs, clf.target(), method=method, **opts)
-    if examples is not None:
-        examples.append(attr[0])
-    values, res_a, res_d = classifier_metrics(model, clf, attr, args, pis, fractions, gold_batch)
-    values.update(curve_values(res_a, res_d, gold_batch is None))
-    return item_records(dataset, start, method, values, gold, pred)
-
-
-def classifier_metrics(
-    model: Any,
-    clf: Classifier,
-    attr: Any,
-    args: Any,
-    pis: list[float],
-    fractions: list[float],
-    gold: torch.Tensor | None,
-) -> tuple[dict[str, torch.Tensor], Any, Any]:
-    """The metric columns of one Attribution of a classifier (regression: AOPC only)."""
-    head = clf.head
-    values: dict[str, torch.Tensor] = {}
-    res_a = aopc(
-        model,
-        attr,
-        fractions=fractions,
-        head=head,
-        label="target",
-        gold=gold,
-        max_batch=args.max_batch,
-    )
-    values["comprehensiveness"] = res_a.comprehensiveness
-    values["sufficiency"] = res_a.sufficiency
-    if gold is None:
-        return values, res_a, None
-    values["accuracy_perturbation"] = res_a.accuracy
-    if not args.no_curves:
-        curves = insertion_deletion(
-            model, attr, steps=args.steps, head=head, label="target", max_batch=args.max_batch
-        )
-        values["deletion_auc"] = curves.deletion_auc
-        values["insertion_auc"] = curves.insertion_auc
-        values["deletion_flip"] = curves.deletion_flip_fraction
-        values["insertion_flip"] = curves.insertion_flip_fraction
-    soft, res_d = soft_values(model, attr, args, pis, head)
-    return {**values, **soft}, res_a, res_d
-
-
-def soft_values(
-    model: Any, attr: Any, args: Any, pis: list[float], head: Any = None
-) -> tuple[dict[str, torch.Tensor], Any]:
-    """Soft / π-Soft columns under dynamic (and unless ``--no-fixed``, fixed) routing."""
-    values: dict[str, torch.Tensor] = {}
-    res_d = None
-    for routing in ("dynamic",) if args.no_fixed else ("dynamic", "fixed"):
-        res = soft_metrics(
-            model,
-            attr,
-            pis=pis,
-            n_draws=args.n_draws,
-            routing=routing,
-            seed=args.seed,
-            max_batch=args.max_batch,
-            head=head,
-        )
-        suffix = "" if routing == "dynamic" else "_fixed"
-        for key, v in res.as_dict().items():
-            values[key + suffix] = v
-        if routing == "dynamic":
-            res_d = res
-    return values, res_d
+    """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric of
+    ``proto`` and the curve points); ``examples`` receives the first item's Attribution."""
+    return unit_records(
+        model, dataset, inputs, clf.target(), method, start, proto, gold_batch, gold, pred,
+        examples,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- zero-shot
@@ -622,7 +554,7 @@ def run_zero_shot(
     methods: list[str],
     pis: list[float],
     units: Units,
-) -> Run:
+) -> RunResult:
     """Faithfulness of every method on zero-shot label prompts (module docstring)."""
     tok = model.tokenizer
     records: list[dict[str, Any]] = []
@@ -645,6 +577,7 @@ def run_zero_shot(
         )
         gold = [it.label for it in items]
         items_id = fingerprint([prompts, gold, pred])
+        proto = protocol(args, pis, zero_shot=True, regression=False)
         starts = range(0, len(prompts), args.batch_size)
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
@@ -653,36 +586,13 @@ def run_zero_shot(
             for method in methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
-                    zero_shot_unit, model, dataset, prompts[sl], target, method, start, args,
-                    pis, gold, pred, keep,
+                    unit_records, model, dataset, prompts[sl], target, method, start, proto,
+                    None, gold, pred, keep,
                 )  # fmt: skip
                 records += units.get(f"{dataset}:{items_id}|{method}", items, compute)
         if prompts:
             figs += curve_figures(records, dataset, methods)
-    return records, accuracy, figs, examples, []
-
-
-def zero_shot_unit(
-    model: Any,
-    dataset: str,
-    prompts: list[str],
-    target: Target,
-    method: str,
-    start: int,
-    args: Any,
-    pis: list[float],
-    gold: list[Any],
-    pred: list[Any],
-    examples: list[Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Records of one zero-shot unit: ``method`` on prompts ``start…``."""
-    opts = {"seed": args.seed + start} if method == "random" else {}
-    attr = attribute(model, prompts, target, method=method, **opts)
-    if examples is not None:
-        examples.append(attr[0])
-    values, res_a, res_d = evaluate_batch(model, attr, args, pis)
-    values.update(curve_values(res_a, res_d, False))
-    return item_records(dataset, start, method, values, gold, pred)
+    return RunResult(records, accuracy, figs, examples, [])
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_attrib.evaluation.journal import Journal
-from lens_attrib.evaluation.runner import code_version
+from lens_attrib.evaluation.provenance import code_version
 
 Records = list[dict[str, Any]]
 

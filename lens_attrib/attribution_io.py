@@ -122,6 +122,7 @@ class _Encoder:
             fields = {
                 f.name: self.encode(getattr(value, f.name), f"{path}/{f.name}")
                 for f in dataclasses.fields(value)
+                if f.name != "head"  # a module, not data: a loaded target has head=None
             }
             return {"$dataclass": "ResolvedTarget", "fields": fields}
         raise AttributionFileError(

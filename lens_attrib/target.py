@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -177,7 +177,7 @@ class Target:
             if n_out != 1:
                 raise TargetError(f"regression=True needs a head with one output, got {n_out}.")
             zeros = torch.zeros(batch.size, dtype=torch.long, device=head_out.device)
-            return ResolvedTarget(self.positions(batch), zeros, None, True)
+            return ResolvedTarget(self.positions(batch), zeros, None, True, self.head)
         if self.head is not None and self.labels is None:
             for what, spec in (("token", self.token), ("foil", self.foil)):
                 if isinstance(spec, str) or (
@@ -207,7 +207,7 @@ class Target:
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        return ResolvedTarget(self.positions(batch), token_ids, foil_ids, False)
+        return ResolvedTarget(self.positions(batch), token_ids, foil_ids, False, self.head)
 
     def evaluate(
         self, model: Any, batch: Batch, resid: Float[Tensor, "batch pos d_model"]
@@ -239,6 +239,10 @@ class ResolvedTarget:
     token_ids: Int[Tensor, "batch"]
     foil_ids: Int[Tensor, "batch"] | None
     regression: bool = False
+    head: Head | None = field(default=None, compare=False, repr=False)
+    """The Target's head (``None``: the model's own), so that whatever consumes the result
+    (faithfulness metrics, pruning) reads the same head without being told again. Not saved
+    with an Attribution (a module is not data): a loaded one has ``None`` here."""
 
     def select(self, head_out: Float[Tensor, "batch n_out"]) -> Float[Tensor, "batch"]:
         """The explained scalar of every item: ``head_out[y] − head_out[y']``."""
@@ -273,6 +277,7 @@ class ResolvedTarget:
             self.token_ids.to(device),
             None if self.foil_ids is None else self.foil_ids.to(device),
             self.regression,
+            self.head,
         )
 
     def index(self, items: Tensor) -> ResolvedTarget:
@@ -281,6 +286,7 @@ class ResolvedTarget:
             self.token_ids[items],
             None if self.foil_ids is None else self.foil_ids[items],
             self.regression,
+            self.head,
         )
 
 

@@ -1032,7 +1032,7 @@ def test_an_unknown_model_name_is_short_and_suggests(tmp_path):
     ],
 )
 def test_runner_refuses_counts_below_one(argv, phrase, capsys):
-    from lens_attrib.evaluation.runner import main
+    from lens_attrib.evaluation.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["--model", "tiny-gpt2", *argv])

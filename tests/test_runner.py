@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lens_attrib.data import generate_sva
-from lens_attrib.evaluation import runner
+from lens_attrib.evaluation import cli, runner
 from lens_attrib.evaluation.runner import evaluate, merge_records, summarize
 from lens_attrib.tiny_models import tiny_llama
 
@@ -169,7 +169,7 @@ def test_cli(model, monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(models, "load_model", lambda name: model)
     out = tmp_path / "x.json"
-    res = runner.main(
+    res = cli.main(
         [
             "--model",
             "tiny",

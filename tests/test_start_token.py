@@ -22,6 +22,7 @@ from lens_attrib.data import TaskItem, item_evidence_positions, load_items, word
 from lens_attrib.errors import InputError
 from lens_attrib.evaluation import runner
 from lens_attrib.evaluation.faithfulness import special_ids_of
+from lens_attrib.evaluation.items import item_evidence
 from lens_attrib.evaluation.journal import ManifestMismatch
 from lens_attrib.inputs import (
     DOCUMENT_SEPARATOR,
@@ -141,7 +142,7 @@ def test_same_scores_through_every_door(model, tmp_path, monkeypatch, method) ->
         path = write_jsonl(tmp_path / f"items_{spans}.jsonl", item, spans=spans)
         (loaded,) = load_items(path)
         assert item_evidence_positions(model, loaded) == evidence
-        assert runner._evidence(model, loaded, None) == evidence
+        assert item_evidence(model, loaded, None) == evidence
 
     # evaluate() on that JSONL: capture the Attribution it computes
     seen: list[Any] = []

@@ -171,6 +171,50 @@ def test_the_rule_patches_compose_rules_and_do_not_import_each_other():
     assert "lens_attrib.hooks.rules" in graph[lrp] & graph[deeplift]
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every import in ``path`` (also inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_library_never_imports_the_scripts_above_it():
+    """Imports go downwards: experiments and benchmarks use the library, never the reverse
+    (provenance, tasks and metrics live in ``lens_attrib.evaluation``)."""
+    upward = {"experiments", "benchmarks", "tests", "notebooks"}
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_top_level_imports(path) & upward)
+        for path in _modules().values()
+        if _top_level_imports(path) & upward
+    }
+    assert not offenders, f"library modules importing scripts: {offenders}"
+    evaluation = [p for p in _modules().values() if "evaluation" in p.parts]
+    assert len(evaluation) >= 10
+    assert all("experiments" not in _top_level_imports(p) for p in evaluation)
+
+
+def test_experiments_score_through_the_one_metric_door():
+    """The experiments compute no metric themselves: no metric function is imported there;
+    every number comes from ``lens_attrib.evaluation.metrics.score``."""
+    metric_functions = {"plausibility", "degenerate", "aopc", "insertion_deletion",
+                        "soft_metrics", "pointing_game", "mrr", "average_precision",
+                        "dot_product", "relevance_mass_accuracy", "token_accuracy"}  # fmt: skip
+    for name in ("agreement", "faithfulness", "blimp_alignment"):
+        tree = ast.parse((ROOT / "experiments" / f"{name}.py").read_text())
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lens_attrib")
+            for alias in node.names
+        }
+        assert not imported & metric_functions, f"{name} imports {imported & metric_functions}"
+        assert "score" in imported, f"{name} does not call lens_attrib.evaluation.metrics.score"
+
+
 def test_architecture_is_asked_only_in_the_backend():
     pattern = re.compile(r"\bis_encoder\(")
     users = {

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from lens_attrib.evaluation import records, runner
+from lens_attrib.evaluation import cli, records, runner
+from lens_attrib.evaluation.items import load_task
 from lens_attrib.evaluation.journal import JournalCorrupt, ManifestMismatch, read_lines
 from lens_attrib.evaluation.runner import evaluate
 from lens_attrib.tiny_models import tiny_llama
@@ -73,7 +74,7 @@ def _reference(model: Any, n: int, batch_size: int) -> list[dict[str, Any]]:
     """One uninterrupted in-process run of what ``_cli_args`` asks."""
     return evaluate(
         model,
-        runner._load_task("sva", n, 0),
+        load_task("sva", n, 0),
         METHODS,
         METRICS,
         batch_size=batch_size,
@@ -108,7 +109,7 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
 def test_torchrun_two_gloo_ranks_equal_one_process(model, tmp_path):
     out = tmp_path / "x.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "lens_attrib.evaluation.runner", *_cli_args(6, 2, out)]
+    cmd += ["-m", "lens_attrib.evaluation", *_cli_args(6, 2, out)]
     done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("metric") == 1  # rank 0 alone prints the merged table
@@ -124,7 +125,7 @@ def test_sigkill_loses_at_most_the_batch_in_flight(model, tmp_path):
     out = tmp_path / "k.json"
     journal = tmp_path / "k.records.jsonl"
     args = _cli_args(16, 2, out)
-    cmd = [sys.executable, "-m", "lens_attrib.evaluation.runner", *args]
+    cmd = [sys.executable, "-m", "lens_attrib.evaluation", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -141,7 +142,7 @@ def test_sigkill_loses_at_most_the_batch_in_flight(model, tmp_path):
     assert lines[0]["kind"] == "manifest"
     n_batches = 8 * (1 + len(METHODS))
     assert 1 < len(lines) - 1 < n_batches  # interrupted in the middle
-    result = runner.main(args)  # the same command again: resumes
+    result = cli.main(args)  # the same command again: resumes
     after = journal.read_bytes()
     assert after.startswith(before[: before.rfind(b"\n") + 1])  # finished batches kept as they are
     batches = read_lines(journal)[1:]
@@ -152,7 +153,7 @@ def test_sigkill_loses_at_most_the_batch_in_flight(model, tmp_path):
 
 def test_torn_last_line_is_dropped_and_recomputed(model, tmp_path):
     out = tmp_path / "t.json"
-    dataset = runner._load_task("sva", 4, 0)
+    dataset = load_task("sva", 4, 0)
     first = evaluate(model, dataset, METHODS, METRICS, batch_size=2, progress=False, out=out)
     journal = tmp_path / "t.records.jsonl"
     whole = journal.read_bytes()
@@ -170,7 +171,7 @@ def test_torn_last_line_is_dropped_and_recomputed(model, tmp_path):
 
 def test_manifest_mismatch_names_the_fields(model, tmp_path):
     out = tmp_path / "m.csv"
-    dataset = runner._load_task("sva", 3, 0)
+    dataset = load_task("sva", 3, 0)
     evaluate(model, dataset, ["gradient"], ["mrr"], progress=False, out=out)
     with pytest.raises(ManifestMismatch, match=r"methods: \['gradient'\] -> .*seed: 0 -> 1"):
         evaluate(model, dataset, ["grad_x_input"], ["mrr"], seed=1, progress=False, out=out)
@@ -194,7 +195,7 @@ def test_auto_batch_halves_until_it_fits(model, monkeypatch, caplog, error):
         return real(model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(runner, "attribute", small_memory)
-    dataset = runner._load_task("sva", 10, 0)
+    dataset = load_task("sva", 10, 0)
     with caplog.at_level(logging.INFO, logger="lens_attrib.evaluation"):
         auto = evaluate(
             model, dataset, METHODS, METRICS, batch_size=8, max_batch="auto", progress=False
@@ -215,7 +216,7 @@ def test_auto_batch_gives_up_at_one_item(model, monkeypatch):
         raise MemoryError("out of memory (simulated)")
 
     monkeypatch.setattr(runner, "attribute", no_memory)
-    dataset = runner._load_task("sva", 3, 0)
+    dataset = load_task("sva", 3, 0)
     with pytest.raises(MemoryError):
         evaluate(model, dataset, ["gradient"], ["mrr"], max_batch="auto", progress=False)
 

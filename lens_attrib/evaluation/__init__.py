@@ -1,7 +1,8 @@
 """Evaluation of Attributions: faithfulness (hard and soft perturbation) and plausibility.
 
 Everything here consumes :class:`~lens_attrib.attribution.Attribution` objects and never depends on
-how they were made.
+how they were made. :func:`score` is the one door to every metric (:mod:`.metrics`),
+:func:`load_task` to every task's items (:mod:`.items`), :func:`evaluate` the loop (:mod:`.runner`).
 """
 
 from lens_attrib.evaluation.faithfulness import (
@@ -11,6 +12,8 @@ from lens_attrib.evaluation.faithfulness import (
     insertion_deletion,
     pearson_drop,
 )
+from lens_attrib.evaluation.items import load_task
+from lens_attrib.evaluation.metrics import METRICS, MetricRecord, ScoreOptions, score
 from lens_attrib.evaluation.plausibility import (
     PLAUSIBILITY_METRICS,
     average_precision,
@@ -26,22 +29,27 @@ from lens_attrib.evaluation.runner import evaluate
 from lens_attrib.evaluation.soft import SoftResult, soft_metrics, solve_alpha
 
 __all__ = [
+    "METRICS",
     "PLAUSIBILITY_METRICS",
     "AOPCResult",
     "CurveResult",
     "EvalResult",
+    "MetricRecord",
+    "ScoreOptions",
     "SoftResult",
     "aopc",
     "average_precision",
     "dot_product",
     "evaluate",
     "insertion_deletion",
+    "load_task",
     "merge_records",
     "mrr",
     "pearson_drop",
     "plausibility",
     "pointing_game",
     "relevance_mass_accuracy",
+    "score",
     "soft_metrics",
     "solve_alpha",
     "summarize",

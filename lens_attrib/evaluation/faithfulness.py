@@ -246,9 +246,11 @@ def aopc(
 
     ``label``: ``"prediction"`` (the full-input argmax, default) or ``"target"`` (the
     attribution's explained token). ``gold``: label ids for the accuracy (default: prediction).
-    ``head``: the head the attribution's Target used (default: the model's own).
+    ``head``: the head to read (default: the attribution's Target's head, kept in
+    ``ResolvedTarget.head``; the model's own when the Target named none).
     """
     check_faithfulness_args(attribution, "aopc", label, max_batch)
+    head = head if head is not None else attribution.target.head
     check_fractions(fractions, "fractions", "aopc")
     regression = bool(attribution.target.regression)
     encoder = arch_of(model).encoder
@@ -339,6 +341,7 @@ def insertion_deletion(
 ) -> CurveResult:
     """Deletion and insertion curves in ``1/steps`` steps (default 5 % × 20; module doc)."""
     check_faithfulness_args(attribution, "insertion_deletion", label, max_batch)
+    head = head if head is not None else attribution.target.head
     check_count(steps, "steps", "insertion_deletion")
     regression = bool(attribution.target.regression)
     if regression:

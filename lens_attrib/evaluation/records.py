@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
 from lens_attrib.evaluation.stats import bootstrap_ci
 
 KEY = ("item", "method", "metric", "layer")
@@ -193,10 +197,75 @@ def merge_records(paths: Sequence[str | Path]) -> EvalResult:
     return EvalResult(records, summarize(records), {"merged": [str(p) for p in paths]})
 
 
+# --------------------------------------------------------------------------- curves
+@dataclass(frozen=True)
+class CurvePoints:
+    """A curve of every item, read back from records: ``values[i, k]`` at ``grid[k]``."""
+
+    grid: list[float]
+    values: Float[Tensor, "item point"]
+
+
+def curve_points(records: Sequence[Mapping[str, Any]], prefix: str, **where: Any) -> CurvePoints:
+    """The ``<prefix>@x`` records (e.g. ``comprehensiveness@0.3``, written by
+    :attr:`lens_attrib.evaluation.metrics.MetricRecord.name`) of the records matching every
+    ``field=value`` of ``where``, as ``[item, x]`` in ascending ``x`` and item order; a metric
+    without ``@`` is one point at ``x = 0`` (e.g. ``output_full``)."""
+    points: dict[float, dict[int, float]] = {}
+    for r in records:
+        if all(r.get(k) == v for k, v in where.items()) and r["metric"].startswith(prefix):
+            x = float(r["metric"].split("@")[1]) if "@" in r["metric"] else 0.0
+            points.setdefault(x, {})[r["item"]] = r["value"]
+    grid = sorted(points)
+    items = sorted(points[grid[0]]) if grid else []
+    values = torch.tensor([[points[x][i] for x in grid] for i in items], dtype=torch.float64)
+    return CurvePoints(grid, values)
+
+
+@dataclass(frozen=True)
+class AOPCCurves:
+    """Per-item AOPC curves (the fields :func:`lens_attrib.plot.aopc_curves` reads)."""
+
+    fractions: Float[Tensor, "fraction"]
+    comprehensiveness_k: Float[Tensor, "item fraction"]
+    sufficiency_k: Float[Tensor, "item fraction"]
+
+    @classmethod
+    def from_records(cls, records: Sequence[Mapping[str, Any]], **where: Any) -> AOPCCurves:
+        comp = curve_points(records, "comprehensiveness@", **where)
+        suff = curve_points(records, "sufficiency@", **where)
+        return cls(torch.tensor(comp.grid), comp.values, suff.values)
+
+
+@dataclass(frozen=True)
+class PiCurves:
+    """Per-item π-Soft curves (the fields :func:`lens_attrib.plot.pi_curves` reads)."""
+
+    pis: Float[Tensor, "pi"]
+    pi_nc_curve: Float[Tensor, "item pi"]
+    pi_ns_curve: Float[Tensor, "item pi"]
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[Mapping[str, Any]], routing: str = "dynamic", **where: Any
+    ) -> PiCurves | None:
+        """``None`` when the records hold no π-Soft curve points."""
+        suffix = "" if routing == "dynamic" else "_fixed"
+        nc = curve_points(records, f"pi_soft_nc{suffix}@", **where)
+        if not nc.grid:
+            return None
+        ns = curve_points(records, f"pi_soft_ns{suffix}@", **where)
+        return cls(torch.tensor(nc.grid), nc.values, ns.values)
+
+
 __all__ = [
     "GROUP",
     "KEY",
+    "AOPCCurves",
+    "CurvePoints",
     "EvalResult",
+    "PiCurves",
+    "curve_points",
     "load",
     "merge_records",
     "save",

@@ -221,6 +221,7 @@ def soft_metrics(
     if routing not in ("dynamic", "fixed"):
         raise ValueError(f"routing must be 'dynamic' or 'fixed', got {routing!r}")
     check_attribution(attribution, "soft_metrics")
+    head = head if head is not None else attribution.target.head  # the Target's own head
     check_count(n_draws, "n_draws", "soft_metrics")
     check_count(max_batch, "max_batch", "soft_metrics")
     if pi_variants:
