@@ -3,6 +3,15 @@
 :func:`gradients_at` runs one hooked forward (:func:`lens_attrib.forward.run`) and one backward
 pass of ``Σ_b f_b`` to the captured activations; :func:`grad_x_input_scores` and
 :func:`head_relevances` turn activations and gradients into token and head relevances.
+
+Generation step batches (every step of a prompt a row holding the same sequence, see
+:mod:`lens_attrib.methods.generation`) share work across steps (:func:`step_gradients_at`): one
+forward per sequence, then the ``S`` step scalars ``f_s`` (read at positions ``P − 1 + s`` of
+that one forward) are differentiated by ``S`` vector–Jacobian products on the same graph,
+batched into one vectorized backward pass (``torch.autograd.grad(..., is_grads_batched=True)``
+with the rows of the identity as cotangents). Causal attention makes ``∂f_s/∂x`` on the full
+sequence equal the gradient on the prefix ``prompt + continuation[:s]`` (zero after ``P − 1 +
+s``), so this is exactly explaining every prefix on its own.
 """
 
 from __future__ import annotations
@@ -15,26 +24,161 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from lens_attrib.forward import Forward, FwdHooks, run
+from lens_attrib.forward import Forward, FwdHooks, run, run_shared, select_steps, step_groups
 from lens_attrib.inputs import Batch
-from lens_attrib.target import Target
+from lens_attrib.target import ResolvedTarget, Target
+
+VJP_TOKENS = 2**13
+"""Cotangent rows × sequence length per vectorized backward pass of :func:`batched_vjp`."""
 
 
 def gradients_at(
-    model: Any, batch: Batch, target: Target, names: Sequence[str], fwd_hooks: FwdHooks = ()
+    model: Any,
+    batch: Batch,
+    target: Target,
+    names: Sequence[str],
+    fwd_hooks: FwdHooks = (),
+    *,
+    share_steps: bool = True,
 ) -> tuple[list[Tensor], list[Tensor], Forward]:
     """(activations at ``names``, ``∂f/∂`` them, the forward) in one backward pass.
 
     ``fwd_hooks`` (e.g. LRP detach patches) are applied before the activations are captured, so a
     patch at a captured hook point acts upstream of the captured tensor. Must run with autograd
     on (the registry's wrapper does so for ``uses_gradient`` methods).
+
+    A generation step batch goes through :func:`step_gradients_at` (one forward per sequence)
+    unless ``share_steps=False`` (for ``fwd_hooks`` that treat batch rows differently, e.g.
+    DeepLIFT's per-row reference activations); the result is the same either way.
     """
+    groups = step_groups(batch) if share_steps else None
+    if groups is not None:
+        return step_gradients_at(model, batch, target, names, groups, fwd_hooks)
     result = run(model, batch, target, capture=list(names), fwd_hooks=fwd_hooks)
     assert result.value is not None
     inputs = [result.captured[n] for n in names]
     grads = torch.autograd.grad(result.value.sum(), inputs, allow_unused=True)
     grads_filled = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
     return [x.detach() for x in inputs], [g.detach() for g in grads_filled], result
+
+
+def batched_vjp(
+    values: Float[Tensor, "n"], inputs: Sequence[Tensor], chunk: int | None = None
+) -> list[Float[Tensor, "n *shape"]]:
+    """``∂values[i]/∂inputs[k]`` for every ``i``, stacked: ``[n, *inputs[k].shape]`` per input.
+
+    ``n`` vector–Jacobian products on one graph, ``chunk`` of them (default: ``VJP_TOKENS``
+    divided by the inputs' sequence length) per vectorized backward pass
+    (``is_grads_batched=True``: the rows of the identity matrix as batched cotangents). Where an
+    operation of the graph has no batching rule for that, the products run one by one (same
+    numbers). Inputs ``values`` do not depend on get zero gradients.
+    """
+    n = int(values.shape[0])
+    length = int(inputs[0].shape[1]) if inputs and inputs[0].ndim > 1 else 1
+    chunk = chunk or max(1, VJP_TOKENS // max(length, 1))
+    eye = torch.eye(n, dtype=values.dtype, device=values.device)
+    parts: list[list[Tensor]] = [[] for _ in inputs]
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        retain = stop < n
+        try:
+            grads = torch.autograd.grad(
+                values,
+                list(inputs),
+                grad_outputs=eye[start:stop],
+                is_grads_batched=True,
+                retain_graph=True if retain else None,
+                allow_unused=True,
+            )
+        except RuntimeError as err:
+            if "batch" not in str(err).lower() and "vmap" not in str(err).lower():
+                raise
+            one_by_one = [
+                torch.autograd.grad(
+                    values[i], list(inputs), retain_graph=retain or i < stop - 1, allow_unused=True
+                )
+                for i in range(start, stop)
+            ]
+            grads = tuple(
+                None
+                if all(g[k] is None for g in one_by_one)
+                else torch.stack(
+                    [torch.zeros_like(x) if g[k] is None else g[k] for g in one_by_one]
+                )
+                for k, x in enumerate(inputs)
+            )
+        for k, (x, g) in enumerate(zip(inputs, grads, strict=True)):
+            rows = stop - start
+            parts[k].append(x.new_zeros(rows, *x.shape) if g is None else g.detach())
+    return [torch.cat(p) for p in parts]
+
+
+def step_gradients_at(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    names: Sequence[str],
+    groups: Sequence[Tensor],
+    fwd_hooks: FwdHooks = (),
+) -> tuple[list[Tensor], list[Tensor], Forward]:
+    """:func:`gradients_at` for a step batch whose rows in each of ``groups`` are one sequence.
+
+    For each group: one forward of its sequence (:func:`lens_attrib.forward.run_shared`, hooks
+    as in :func:`gradients_at`), then :func:`batched_vjp` of its ``S`` step scalars. Groups run
+    one after the other (a group's backward never passes through another's graph). Returns the
+    same shapes as :func:`gradients_at` (``[batch, pos, ...]``: every row its sequence's
+    activations and its own step's gradient); ``Forward.resid`` holds each row's sequence.
+    """
+    device = batch.tokens.device
+    xs: list[Tensor | None] = [None] * len(names)
+    grads: list[Tensor | None] = [None] * len(names)
+    value: Tensor | None = None
+    head_out: Tensor | None = None
+    resid: Tensor | None = None
+    positions = torch.empty(batch.size, dtype=torch.long, device=device)
+    token_ids = torch.empty(batch.size, dtype=torch.long, device=device)
+    foil_ids: Tensor | None = None
+    regression = False
+    for rows in groups:
+        sub = batch.select(rows)
+        result = run_shared(
+            model,
+            sub,
+            select_steps(target, rows),
+            [torch.arange(len(rows), device=device)],
+            capture=list(names),
+            fwd_hooks=fwd_hooks,
+        )
+        assert result.value is not None and result.head_out is not None
+        inputs = [result.captured[n] for n in names]
+        row_grads = batched_vjp(result.value, inputs)
+        idx = rows.to(device)
+        for k, (x, g) in enumerate(zip(inputs, row_grads, strict=True)):
+            g = g[:, 0]  # one sequence: [steps, 1, ...] -> [steps, ...]
+            if xs[k] is None:
+                xs[k] = x.new_zeros(batch.size, *x.shape[1:])
+                grads[k] = g.new_zeros(batch.size, *g.shape[1:])
+            xs[k][idx] = x.detach()[0]  # type: ignore[index]
+            grads[k][idx] = g  # type: ignore[index]
+        if value is None:
+            value = result.value.new_zeros(batch.size)
+            head_out = result.head_out.new_zeros(batch.size, result.head_out.shape[-1])
+            resid = result.resid.new_zeros(batch.size, *result.resid.shape[1:])
+        assert head_out is not None and resid is not None
+        value[idx] = result.value.detach()
+        head_out[idx] = result.head_out.detach()
+        resid[idx] = result.resid.detach()
+        got = result.resolved
+        positions[idx] = got.positions.to(device)
+        token_ids[idx] = got.token_ids.to(device)
+        regression = got.regression
+        if got.foil_ids is not None:
+            foil_ids = torch.empty_like(token_ids) if foil_ids is None else foil_ids
+            foil_ids[idx] = got.foil_ids.to(device)
+    assert value is not None and head_out is not None and resid is not None
+    resolved = ResolvedTarget(positions, token_ids, foil_ids, regression)
+    forward = Forward(value, resolved, head_out, resid)
+    return [x for x in xs if x is not None], [g for g in grads if g is not None], forward
 
 
 def _broadcast(x: Tensor, like: Tensor) -> Tensor:
@@ -93,4 +237,11 @@ def head_relevances(
     }
 
 
-__all__ = ["POOLINGS", "grad_x_input_scores", "gradients_at", "head_relevances"]
+__all__ = [
+    "POOLINGS",
+    "batched_vjp",
+    "grad_x_input_scores",
+    "gradients_at",
+    "head_relevances",
+    "step_gradients_at",
+]
