@@ -100,11 +100,7 @@ def batched_vjp(
                 for i in range(start, stop)
             ]
             grads = tuple(
-                None
-                if all(g[k] is None for g in one_by_one)
-                else torch.stack(
-                    [torch.zeros_like(x) if g[k] is None else g[k] for g in one_by_one]
-                )
+                torch.stack([torch.zeros_like(x) if g[k] is None else g[k] for g in one_by_one])
                 for k, x in enumerate(inputs)
             )
         for k, (x, g) in enumerate(zip(inputs, grads, strict=True)):
