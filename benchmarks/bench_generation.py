@@ -144,8 +144,8 @@ def _inseq_call(kind: str, opts: dict[str, Any]) -> Any:
     model = inseq.load_model(hf, kind, tokenizer=tokenizer)
 
     def texts(prompt: list[int], cont: list[int]) -> tuple[str, str]:
-        source = tokenizer.decode(prompt)
-        generated = source + tokenizer.decode(cont)
+        source = str(tokenizer.decode(prompt))
+        generated = source + str(tokenizer.decode(cont))
         ids = tokenizer(generated, add_special_tokens=True)["input_ids"]
         if ids != prompt + cont:
             raise RuntimeError(f"Inseq's tokenization differs from ours: {ids} vs {prompt + cont}")

@@ -201,7 +201,7 @@ def test_batched_vjp_equals_one_backward_per_value(chunk):
         torch.autograd.grad(values[i], inputs[0], retain_graph=True)[0]
         for i in range(values.shape[0])
     ]
-    got = backprop.batched_vjp(values, inputs, chunk=chunk)
+    got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=chunk)
     for i, e in enumerate(expected):
         _close(got[0][i], e, f"value {i}")
     assert got[0].shape == (4, 1, 6, 4)
@@ -211,7 +211,7 @@ def test_batched_vjp_equals_one_backward_per_value(chunk):
 def test_batched_vjp_falls_back_one_by_one(monkeypatch):
     """A graph with an operation that has no batching rule gives the same numbers."""
     values, inputs = _toy_graph()
-    expected = backprop.batched_vjp(values, inputs)
+    expected = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype))
     real = torch.autograd.grad
 
     def no_vmap(*args, **kwargs):
@@ -221,6 +221,6 @@ def test_batched_vjp_falls_back_one_by_one(monkeypatch):
 
     monkeypatch.setattr(torch.autograd, "grad", no_vmap)
     values, inputs = _toy_graph()
-    got = backprop.batched_vjp(values, inputs, chunk=3)
+    got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=3)
     for a, b in zip(got, expected, strict=True):
         _close(a, b, "fallback")

@@ -8,10 +8,11 @@ Generation step batches (every step of a prompt a row holding the same sequence,
 :mod:`lens_attrib.methods.generation`) share work across steps (:func:`step_gradients_at`): one
 forward per sequence, then the ``S`` step scalars ``f_s`` (read at positions ``P − 1 + s`` of
 that one forward) are differentiated by ``S`` vector–Jacobian products on the same graph,
-batched into one vectorized backward pass (``torch.autograd.grad(..., is_grads_batched=True)``
-with the rows of the identity as cotangents). Causal attention makes ``∂f_s/∂x`` on the full
-sequence equal the gradient on the prefix ``prompt + continuation[:s]`` (zero after ``P − 1 +
-s``), so this is exactly explaining every prefix on its own.
+batched into one vectorized backward pass (``torch.autograd.grad(..., is_grads_batched=True)``)
+that starts at the final residual with each step's own gradient there as cotangent. Causal
+attention makes ``∂f_s/∂x`` on the full sequence equal the gradient on the prefix
+``prompt + continuation[:s]`` (zero after ``P − 1 + s``), so this is exactly explaining every
+prefix on its own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from lens_attrib.backend import resid_hook_names
 from lens_attrib.forward import Forward, FwdHooks, run, run_shared, select_steps, step_groups
 from lens_attrib.inputs import Batch
 from lens_attrib.target import ResolvedTarget, Target
@@ -63,29 +65,31 @@ def gradients_at(
 
 
 def batched_vjp(
-    values: Float[Tensor, "n"], inputs: Sequence[Tensor], chunk: int | None = None
+    output: Tensor,
+    inputs: Sequence[Tensor],
+    cotangents: Float[Tensor, "n *out"],
+    chunk: int | None = None,
 ) -> list[Float[Tensor, "n *shape"]]:
-    """``∂values[i]/∂inputs[k]`` for every ``i``, stacked: ``[n, *inputs[k].shape]`` per input.
+    """``cotangents[i] · ∂output/∂inputs[k]`` for every ``i``: ``[n, *inputs[k].shape]`` per input.
 
     ``n`` vector–Jacobian products on one graph, ``chunk`` of them (default: ``VJP_TOKENS``
     divided by the inputs' sequence length) per vectorized backward pass
-    (``is_grads_batched=True``: the rows of the identity matrix as batched cotangents). Where an
-    operation of the graph has no batching rule for that, the products run one by one (same
-    numbers). Inputs ``values`` do not depend on get zero gradients.
+    (``torch.autograd.grad(..., is_grads_batched=True)``). Where an operation of the graph has no
+    batching rule, the products run one by one (same numbers). Inputs ``output`` does not depend
+    on get zero gradients. The graph is freed after the last product.
     """
-    n = int(values.shape[0])
+    n = int(cotangents.shape[0])
     length = int(inputs[0].shape[1]) if inputs and inputs[0].ndim > 1 else 1
     chunk = chunk or max(1, VJP_TOKENS // max(length, 1))
-    eye = torch.eye(n, dtype=values.dtype, device=values.device)
     parts: list[list[Tensor]] = [[] for _ in inputs]
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         retain = stop < n
         try:
             grads = torch.autograd.grad(
-                values,
+                output,
                 list(inputs),
-                grad_outputs=eye[start:stop],
+                grad_outputs=cotangents[start:stop],
                 is_grads_batched=True,
                 retain_graph=True if retain else None,
                 allow_unused=True,
@@ -95,7 +99,11 @@ def batched_vjp(
                 raise
             one_by_one = [
                 torch.autograd.grad(
-                    values[i], list(inputs), retain_graph=retain or i < stop - 1, allow_unused=True
+                    output,
+                    list(inputs),
+                    grad_outputs=cotangents[i],
+                    retain_graph=retain or i < stop - 1,
+                    allow_unused=True,
                 )
                 for i in range(start, stop)
             ]
@@ -120,10 +128,16 @@ def step_gradients_at(
     """:func:`gradients_at` for a step batch whose rows in each of ``groups`` are one sequence.
 
     For each group: one forward of its sequence (:func:`lens_attrib.forward.run_shared`, hooks
-    as in :func:`gradients_at`), then :func:`batched_vjp` of its ``S`` step scalars. Groups run
-    one after the other (a group's backward never passes through another's graph). Returns the
-    same shapes as :func:`gradients_at` (``[batch, pos, ...]``: every row its sequence's
-    activations and its own step's gradient); ``Forward.resid`` holds each row's sequence.
+    as in :func:`gradients_at`, the final residual ``x`` ``[1, pos, d]`` captured too); one
+    ordinary backward of ``Σ_s f_s`` through the head to the step rows of ``x`` (step ``s``
+    reads only its row, so this gives every ``g_s = ∂f_s/∂x`` at once, nonzero at position
+    ``P − 1 + s`` only); then :func:`batched_vjp` from ``x`` with the cotangents ``g_s``.
+    Starting the vectorized pass at ``x`` instead of the head keeps it from carrying an
+    ``[S, S, d_vocab]`` cotangent through the unembedding (S² · d_vocab · d_model
+    multiply-adds, more than a forward pass for S = 32 on SmolLM2). Groups run one after the
+    other (a group's backward never passes through another's graph). Returns the same shapes
+    as :func:`gradients_at` (``[batch, pos, ...]``: every row its sequence's activations and
+    its own step's gradient); ``Forward.resid`` holds each row's sequence.
     """
     device = batch.tokens.device
     xs: list[Tensor | None] = [None] * len(names)
@@ -135,6 +149,8 @@ def step_gradients_at(
     token_ids = torch.empty(batch.size, dtype=torch.long, device=device)
     foil_ids: Tensor | None = None
     regression = False
+    final = resid_hook_names(batch.arch)[-1]
+    capture = list(dict.fromkeys([*names, final]))
     for rows in groups:
         sub = batch.select(rows)
         result = run_shared(
@@ -142,12 +158,13 @@ def step_gradients_at(
             sub,
             select_steps(target, rows),
             [torch.arange(len(rows), device=device)],
-            capture=list(names),
+            capture=capture,
             fwd_hooks=fwd_hooks,
         )
         assert result.value is not None and result.head_out is not None
         inputs = [result.captured[n] for n in names]
-        row_grads = batched_vjp(result.value, inputs)
+        step_rows = torch.autograd.grad(result.value.sum(), result.resid, retain_graph=True)[0]
+        row_grads = batched_vjp(result.captured[final], inputs, step_rows[:, None])
         idx = rows.to(device)
         for k, (x, g) in enumerate(zip(inputs, row_grads, strict=True)):
             g = g[:, 0]  # one sequence: [steps, 1, ...] -> [steps, ...]
