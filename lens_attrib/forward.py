@@ -49,6 +49,9 @@ class Forward:
     resid: Float[Tensor, "batch pos d_model"]
     captured: dict[str, Tensor] = field(default_factory=dict)
     position_only: bool = False
+    rows: Int[Tensor, "batch"] | None = None
+    """Shared runs (:func:`run_shared`): the captured sequence each batch row reads (captured
+    tensors then have one row per distinct sequence); ``None``: one captured row per item."""
 
 
 def resid_of(model: Any, batch: Batch) -> Float[Tensor, "batch pos d_model"]:
@@ -182,6 +185,104 @@ def head_outputs(
     return torch.cat(outs)
 
 
+def step_groups(batch: Batch) -> list[Int[Tensor, "rows"]] | None:
+    """The rows of a generation step batch grouped by sequence, in order of first appearance.
+
+    A step batch (``batch.extra["generation"]``, :mod:`lens_attrib.methods.generation`) holds
+    every step of a prompt as one row with the same tokens ``prompt + continuation[:-1]``; rows
+    are grouped by equal tokens, mask and token types (read from the tensors, not trusted from
+    the metadata). ``None`` when ``batch`` is not a step batch or no two rows are equal.
+    """
+    if "generation" not in batch.extra or batch.size < 2:
+        return None
+    key = [batch.tokens, batch.mask.long()]
+    if batch.token_types is not None:
+        key.append(batch.token_types)
+    _, inverse = torch.unique(torch.cat(key, dim=1), dim=0, return_inverse=True)
+    order: dict[int, list[int]] = {}
+    for row, group in enumerate(inverse.tolist()):
+        order.setdefault(group, []).append(row)
+    if len(order) == batch.size:
+        return None
+    device = batch.tokens.device
+    return [torch.tensor(rows, dtype=torch.long, device=device) for rows in order.values()]
+
+
+def group_rows(
+    groups: Sequence[Int[Tensor, "rows"]], size: int, device: Any
+) -> Int[Tensor, "size"]:
+    """The group index of each of the ``size`` rows that ``groups`` partition."""
+    rows = torch.empty(size, dtype=torch.long, device=device)
+    for g, members in enumerate(groups):
+        rows[members.to(device)] = g
+    return rows
+
+
+def shared_batch(batch: Batch) -> tuple[Batch, Int[Tensor, "batch"] | None]:
+    """``(one row per distinct sequence, the sequence of every row)`` of a generation step
+    batch (:func:`step_groups`), else ``(batch, None)``: for methods that read activations of a
+    single forward and index them per row."""
+    groups = step_groups(batch)
+    if groups is None:
+        return batch, None
+    rows = group_rows(groups, batch.size, batch.tokens.device)
+    return batch.select([int(g[0]) for g in groups]), rows
+
+
+def select_steps(target: Target, rows: Int[Tensor, "rows"]) -> Target:
+    """The target of the step rows ``rows`` of a step batch's target (per-row token ids,
+    foils and positions are sliced; a single value stays as it is)."""
+    index = rows.tolist()
+
+    def pick(spec: Any) -> Any:
+        if isinstance(spec, Tensor) and spec.ndim == 1 and spec.numel() > 1:
+            return spec[rows.to(spec.device)]
+        if isinstance(spec, list) and len(spec) > 1:
+            return [spec[i] for i in index]
+        return spec
+
+    return target.with_(
+        token=pick(target.token), foil=pick(target.foil), position=pick(target.position)
+    )
+
+
+def run_shared(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    groups: Sequence[Int[Tensor, "rows"]],
+    *,
+    capture: Sequence[str] = (),
+    fwd_hooks: FwdHooks = (),
+) -> Forward:
+    """:func:`run` for a batch whose rows of each group are the same sequence.
+
+    One forward of the first row of every group (``fwd_hooks`` applied first, ``capture``
+    recorded once per group: ``Forward.rows`` maps every batch row to its group), then the
+    explained scalar of every row through :meth:`~lens_attrib.target.Target.evaluate` on the
+    group's final residual. For a causal model the rows of a generation step batch explain
+    different positions of one sequence, so this equals :func:`run` row by row while running the
+    model once per sequence instead of once per step.
+    """
+    store: dict[str, Tensor] = {}
+    hooks: list[tuple[Any, HookFn]] = list(fwd_hooks)
+    hooks += [(name, _capture_hook(store, name)) for name in capture]
+    inverse = group_rows(groups, batch.size, batch.tokens.device)
+    firsts = batch.select([int(rows[0]) for rows in groups])
+    with model.hooks(fwd_hooks=hooks):
+        unique = resid_of(model, firsts)
+        if len(groups) == 1:
+            resid = unique.expand(batch.size, -1, -1)
+        else:
+            resid = unique[inverse.to(unique.device)]
+        value, resolved, head_out = target.evaluate(model, batch, resid)
+    missing = [n for n in capture if n not in store]
+    if missing:
+        raise RuntimeError(f"Hooks {missing} did not fire: not part of this model's forward.")
+    check_value(value, model)
+    return Forward(value, resolved, head_out, resid, store, rows=inverse)
+
+
 __all__ = [
     "ChunkHooks",
     "Forward",
@@ -189,11 +290,16 @@ __all__ = [
     "Reduce",
     "check_value",
     "grad_context",
+    "group_rows",
     "has_head",
     "head_outputs",
     "no_grad_context",
     "resid_of",
     "run",
+    "run_shared",
+    "select_steps",
+    "shared_batch",
+    "step_groups",
     "target_rows",
 ]
 

@@ -68,8 +68,7 @@ def experiment_models(models: dict[str, Any]) -> Iterator[None]:
 def random_classifier(name: str, *, model: Any, **_: Any) -> Any:
     """A seeded random linear head on ``model`` in place of the built-in classifier ``name``
     (SST-2: two classes; STS-B: one regression output), read at ``[CLS]``."""
-    from lens_attrib.classifiers import Classifier, ClassifierInfo
-    from lens_attrib.classifiers import LinearHead
+    from lens_attrib.classifiers import Classifier, ClassifierInfo, LinearHead
 
     regression = name.endswith("-stsb")
     d_model = int(model.cfg.d_model)

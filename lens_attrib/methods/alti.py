@@ -59,7 +59,15 @@ from torch import Tensor, nn
 
 from lens_attrib.backend import final_norm, has_hooks, hook_name, unembedding
 from lens_attrib.errors import ModelError
-from lens_attrib.forward import Forward, no_grad_context, run, target_rows
+from lens_attrib.forward import (
+    Forward,
+    group_rows,
+    no_grad_context,
+    run,
+    run_shared,
+    step_groups,
+    target_rows,
+)
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.alti_mixing import (
     PostNorm,
@@ -106,7 +114,39 @@ class AltiCache:
     embed_t: Tensor | None = None
     final_scale: Tensor | None = None
     z_hooked: set[int] = field(default_factory=set)
+    rows: Tensor | None = None
+    """Shared forward (generation steps): the recorded sequence each batch row reads; ``v`` and
+    ``mats`` then have one row per sequence (use :meth:`row_values` / :meth:`row_mats`)."""
     _tmp: dict[str, Tensor] = field(default_factory=dict)
+
+    def at_targets(self, x: Tensor) -> Tensor:
+        """``x[seq_b, t_b]`` for every batch row ``b`` (``x`` ``[seq, pos, ...]``)."""
+        if self.rows is None:
+            return target_rows(x, self.positions)
+        return x[self.rows.to(x.device), self.positions.to(x.device)]
+
+    def pattern_rows(self, pattern: Tensor) -> Tensor:
+        """The target query row of every batch row: ``[batch, head, key]``."""
+        seq = torch.arange(pattern.shape[0]) if self.rows is None else self.rows
+        return pattern[seq.to(pattern.device), :, self.positions.to(pattern.device)]
+
+    def mixing_rows(self) -> list[int]:
+        """Rows of each recorded sequence's mixing matrices: its last explained position + 1."""
+        if self.rows is None:
+            return [int(p) + 1 for p in self.positions]
+        last = torch.full((int(self.rows.max()) + 1,), -1, dtype=torch.long)
+        last = last.scatter_reduce(0, self.rows.cpu(), self.positions.cpu(), reduce="amax")
+        return [int(p) + 1 for p in last]
+
+    def row_values(self, layer: int, pre_norm: bool) -> Tensor:
+        """:meth:`source_values` of every batch row."""
+        v = self.source_values(layer, pre_norm)
+        return v if self.rows is None else v[self.rows.to(v.device)]
+
+    def row_mats(self, layer: int) -> Tensor:
+        """Layer ``layer``'s mixing matrices of every batch row."""
+        mats = self.mats[layer]
+        return mats if self.rows is None else mats[self.rows.to(mats.device)]
 
     @property
     def encoder(self) -> bool:
@@ -157,13 +197,13 @@ class AltiCache:
             self.final_scale = x.reshape(x.shape[0], -1)[:, -1]
         elif what == "x":
             if layer == 0:
-                self.embed_t = target_rows(x, self.positions)
+                self.embed_t = self.at_targets(x)
             if mixing:
                 self._tmp["x"] = x
         elif what == "v":
             self.v[layer] = x
         elif what == "pattern":
-            self.alpha_t[layer] = x[torch.arange(x.shape[0]), :, self.positions]
+            self.alpha_t[layer] = self.pattern_rows(x)
             if mixing:
                 self._tmp["pattern"] = x
             if layer in self.z_hooked:
@@ -171,7 +211,7 @@ class AltiCache:
         elif what == "z":
             self.follow_head_scaling(layer, x)
         elif what == "mlp_out":
-            self.mlp_t[layer] = target_rows(x, self.positions)
+            self.mlp_t[layer] = self.at_targets(x)
         elif what == "scale":
             self._tmp["scale"] = x[..., 0]
         elif what == "attn_out" and mixing:
@@ -203,7 +243,7 @@ class AltiCache:
                 "(grad_x_input, attnlrp), which follow any hook."
             )
         scaled = pattern * einops.rearrange(scale, "b i h -> b h i")[..., None]
-        self.alpha_t[layer] = scaled[torch.arange(z.shape[0]), :, self.positions]
+        self.alpha_t[layer] = self.pattern_rows(scaled)
         if "pattern" in self._tmp:
             self._tmp["pattern"] = scaled
 
@@ -212,6 +252,7 @@ class AltiCache:
         x, pattern, v = self._tmp["x"], self._tmp["pattern"], self.source_values(layer, True)
         w_o = block.attn.W_O.to(self.dtype)
         mats = []
+        n_rows = self.mixing_rows()
         for b in range(x.shape[0]):
             o = head_outputs(v[b], w_o)
             mats.append(
@@ -221,7 +262,7 @@ class AltiCache:
                     x[b],
                     y[b],
                     causal=True,
-                    n_rows=int(self.positions[b]) + 1,
+                    n_rows=n_rows[b],
                     chunk_size=self.chunk_size,
                     mask=self.batch.mask[b],
                     l1_eps=self.l1_eps,
@@ -276,7 +317,17 @@ def run_alti_forward(
     affine: Affine = "source",
     l1_eps: float = 0.0,
 ) -> tuple[Forward, AltiCache]:
-    """One forward recording exactly what ALTI / ALTI-Logit need (after the user's hooks)."""
+    """One forward recording exactly what ALTI / ALTI-Logit need (after the user's hooks).
+
+    A generation step batch (every step of a prompt a row with the same sequence) runs once per
+    sequence (:func:`lens_attrib.forward.run_shared`) and its mixing matrices are computed once,
+    with rows up to the sequence's last explained position: row ``i`` of a causal mixing matrix
+    depends only on positions ``≤ i`` (its later sources get exactly 0 for ``l1_eps = 0``), and
+    step ``s`` reads rows ``≤ P − 1 + s`` only, so every step equals its prefix explained alone.
+    With ``l1_eps > 0`` the later sources get ``ε``-terms that depend on the explained position
+    (the official code's artifact), so each step row keeps its own forward and matrices.
+    """
+    groups = step_groups(batch) if l1_eps == 0 else None
     cache = AltiCache(
         model,
         batch,
@@ -290,9 +341,14 @@ def run_alti_forward(
     cache.z_hooked = {
         layer for layer in range(batch.arch.n_layers) if user_hooked(model, hook_name("z", layer))
     }
-    matrices = len(mixing_layers) * batch.size
+    sequences = batch.size if groups is None else len(groups)
+    matrices = len(mixing_layers) * sequences
     with progress_bar(desc="alti", total=matrices, unit="matrix"):  # advanced per item and layer
-        result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
+        if groups is None:
+            result = run(model, batch, target, fwd_hooks=cache.hooks(), position_only_ok=True)
+        else:
+            cache.rows = group_rows(groups, batch.size, batch.tokens.device)
+            result = run_shared(model, batch, target, groups, fwd_hooks=cache.hooks())
     return result, cache
 
 
@@ -425,7 +481,7 @@ def alti_logit(
     mlp = []
     for layer in range(n_layers):
         block = model.blocks[layer]
-        v = cache.source_values(layer, True)
+        v = cache.row_values(layer, True)
         w = torch.einsum("hkd,bd->bhk", block.attn.W_O.to(dtype), u)
         vt = torch.einsum("bthk,bhk->bht", expand_kv(v, n_heads), w)
         alpha = cache.alpha_t[layer]
@@ -438,7 +494,7 @@ def alti_logit(
         attn_bias.append(bias)
         mlp.append((cache.mlp_t[layer] * u).sum(-1))
     head_token = torch.stack(head_tok, 1)  # [batch, layer, head, pos]
-    mats = [cache.mats[k] for k in range(n_layers - 1)]
+    mats = [cache.row_mats(k) for k in range(n_layers - 1)]
     layer_scores = trace_rows(head_token.sum(2), list(range(n_layers)), mats)
     if trace_heads:
         flat = head_token.flatten(1, 2)
@@ -500,7 +556,7 @@ def alti_mixing_matrices(
             affine=affine,
             l1_eps=l1_eps,
         )
-    return batch, result, [cache.mats[k] for k in range(batch.arch.n_layers)]
+    return batch, result, [cache.row_mats(k) for k in range(batch.arch.n_layers)]
 
 
 @register(
@@ -540,7 +596,7 @@ def alti(
     result, cache = run_alti_forward(
         model, batch, target, set(range(n_layers)), chunk_size, affine=affine, l1_eps=l1_eps
     )
-    mats = [cache.mats[k] for k in range(n_layers)]
+    mats = [cache.row_mats(k) for k in range(n_layers)]
     positions = result.resolved.positions
     rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)
     rows[torch.arange(batch.size), :, positions] = 1.0

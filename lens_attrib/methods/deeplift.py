@@ -227,7 +227,10 @@ def deeplift(
         mlm_head_rescale(model, rows0 if head_patch else None, eps=eps),
         head_rescale(xtarget.head, rows0, activations=activations, eps=eps),
     ):
-        grads_xs, grads, result = gradients_at(model, xbatch, xtarget, names, patches)
+        # the Rescale patches hold one reference row per batch row: no sharing across steps
+        grads_xs, grads, result = gradients_at(
+            model, xbatch, xtarget, names, patches, share_steps=False
+        )
     assert result.value is not None
     deltas = [x - s for x, s in zip(grads_xs, starts)]
     item_scores = grad_x_input_scores(deltas, grads)

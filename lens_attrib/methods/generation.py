@@ -7,9 +7,11 @@ For a prompt ``x_1..x_P`` the model generates ``y_1..y_S`` (``S ≤ N``; generat
 end-of-sequence token; greedy, or sampled: :func:`sample_generate`). Step ``s`` explains the logit
 of ``y_s`` at position ``P − 1 + s`` (0-based ``s``) of the sequence ``x_1..x_P y_1..y_{S−1}``.
 Every step row of the returned batch holds that same full sequence: causal attention makes the
-tokens after a step's position irrelevant to it, so a gradient method explains all steps in one
-forward and one backward pass over the batch of steps (rows never interact), exactly as if each
-step were explained on its own prefix.
+tokens after a step's position irrelevant to it, so every step equals its prefix explained on its
+own. Methods share the work across the rows of one sequence
+(:func:`lens_attrib.forward.step_groups`): gradient methods run the sequence once and take the
+``S`` step gradients as batched vector–Jacobian products (:func:`lens_attrib.methods.backprop.step_gradients_at`), ALTI computes
+its mixing matrices once, LogAt/NormXLogit read one forward.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from lens_attrib.backend import (
     vocab_size,
 )
 from lens_attrib.errors import TargetError
-from lens_attrib.forward import resid_of, target_rows
+from lens_attrib.forward import resid_of, shared_batch, target_rows
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.registry import MethodOutput, Option, is_bool, register
 from lens_attrib.target import ResolvedTarget, Target, token_ids_of
@@ -122,14 +122,23 @@ def read_layers(
     """One forward pass: the label reading of every layer and position, and ``‖x⁰_i‖``.
 
     Must run inside the model guard without autograd (the registry's wrapper does so).
+    A generation step batch runs once per distinct sequence
+    (:func:`lens_attrib.forward.shared_batch`); each step row reads its sequence's residuals.
     """
     reader = _LabelReader(model, batch, target, full_logits)
     emb_names = embedded_input_hooks(batch.arch, embeddings) if embeddings is not None else []
     emb: list[Tensor] = []
-    hooks: list[tuple[str, Any]] = [(n, lambda x, hook: emb.append(x)) for n in emb_names]
-    hooks += [(n, reader.hook) for n in resid_hook_names(batch.arch)]
+    sequences, rows = shared_batch(batch)
+
+    def per_row(x: Tensor) -> Tensor:
+        return x if rows is None else x[rows.to(x.device)]
+
+    hooks: list[tuple[str, Any]] = [(n, lambda x, hook: emb.append(per_row(x))) for n in emb_names]
+    hooks += [
+        (n, lambda x, hook: reader.hook(per_row(x), hook)) for n in resid_hook_names(batch.arch)
+    ]
     with model.hooks(fwd_hooks=hooks):
-        final = resid_of(model, batch)
+        final = per_row(resid_of(model, sequences))
     positions = target.positions(batch)
     items = torch.arange(batch.size, device=final.device)
     head_out = reader.head(final[items, positions])

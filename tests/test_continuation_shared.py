@@ -1,0 +1,226 @@
+"""Generation steps share work: one forward per sequence for every step of a continuation.
+
+The rows of a generation step batch of one prompt all hold the sequence prompt + continuation[:-1]
+(``lens_attrib.methods.generation``). Gradient methods run that sequence once and take the ``S``
+step gradients as batched vector–Jacobian products on one graph
+(``lens_attrib.methods.backprop.step_gradients_at``); ALTI computes its mixing matrices once;
+LogAt/NormXLogit read one forward. Oracles: every step equals its prefix explained alone (float64,
+1e-10 of the array's scale) under the same user hook, a batch of prompts with different
+continuation lengths equals one prompt at a time, per-step foils equal separate contrastive calls,
+and the method runs the model exactly once per distinct sequence (counted by the user's own hook;
+the step scores of ``meta["step_scores"]`` take one more no-grad forward).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import lens_attrib.methods.backprop as backprop
+from lens_attrib import Target, attribute
+from lens_attrib.fastpath import enable_fast_forward
+from lens_attrib.inputs import to_batch
+from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+
+PROMPT = "the keys to the"
+CONTINUATION = "cabinet is on"
+SHARED = ["gradient", "grad_x_input", "lrp", "attnlrp", "alti_logit", "alti", "logat", "normxlogit"]
+HEADS = {"gradient", "grad_x_input", "lrp", "attnlrp"}
+ARRAYS = ("scores", "layer_scores", "head_scores", "head_token_scores")
+
+
+@functools.cache
+def _model(arch: str):
+    """float64 tiny models; the Llama one with the fast path that ``load_model`` enables."""
+    if arch == "gpt2":
+        return tiny_gpt2(dtype=torch.float64)
+    return enable_fast_forward(tiny_llama(dtype=torch.float64))
+
+
+@contextmanager
+def _user_hook(model) -> Iterator[list[int]]:
+    """A user hook that changes the model (block 0's MLP output × 1.5) and records the number
+    of sequences of every forward."""
+    sizes: list[int] = []
+
+    def hook(x, hook):
+        sizes.append(int(x.shape[0]))
+        return x * 1.5
+
+    with model.hooks(fwd_hooks=[("blocks.0.hook_mlp_out", hook)]):
+        yield sizes
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    scale = max(float(expected.abs().max()), 1e-300)
+    err = float((actual - expected).abs().max())
+    assert err <= 1e-10 * scale, f"{what}: max error {err:.3e} vs scale {scale:.3e}"
+
+
+def _check_row(forced, row: int, single, n_real: int, what: str) -> None:
+    """Row ``row`` of ``forced`` equals item 0 of ``single`` on its ``n_real`` real tokens and is
+    0 after them."""
+    for name in ARRAYS:
+        a, b = getattr(forced, name), getattr(single, name)
+        assert (a is None) == (b is None), f"{what}: {name} present in only one"
+        if a is None:
+            continue
+        if name == "head_scores":
+            _close(a[row], b[0], f"{what} {name}")
+            continue
+        a_row = a[row][..., forced.mask[row]]
+        _close(a_row[..., :n_real], b[0][..., single.mask[0]], f"{what} {name}")
+        assert (a_row[..., n_real:] == 0).all(), f"{what}: {name} after the step is not 0"
+
+
+def _options(method: str) -> dict:
+    return {"heads": True} if method in HEADS else {}
+
+
+@pytest.mark.parametrize("method", SHARED)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_one_forward_for_all_steps_equals_each_prefix(arch, method):
+    model = _model(arch)
+    prompt = to_batch(model, PROMPT).tokens[0].tolist()
+    cont = model.tokenizer(CONTINUATION, add_special_tokens=False)["input_ids"]
+    assert len(cont) >= 3
+    with _user_hook(model) as sizes:
+        forced = attribute(
+            model, PROMPT, Target(continuation=CONTINUATION), method=method, **_options(method)
+        )
+    # one no-grad forward for the step scores (generation.step_scores), one for the method
+    assert sizes == [1, 1], f"{method}: forwards of {sizes} sequences, expected two of 1"
+    for s, token in enumerate(cont):
+        with _user_hook(model):
+            single = attribute(
+                model,
+                torch.tensor(prompt + cont[:s]),
+                Target(token=token),
+                method=method,
+                **_options(method),
+            )
+        _check_row(forced, s, single, len(prompt) + s, f"{arch} {method} step {s}")
+    assert not model.hook_dict["blocks.0.hook_mlp_out"].fwd_hooks, "a hook outlived the call"
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "gradient", "normxlogit", "alti"])
+def test_prompts_with_different_continuation_lengths_equal_one_at_a_time(method):
+    model = _model("llama")
+    prompts = ["the keys to the", "a dog", "the cabinet near the old"]
+    conts = ["cabinet is on", "is", [5, 9]]
+    with _user_hook(model) as sizes:
+        batched = attribute(
+            model, prompts, Target(continuation=conts), method=method, **_options(method)
+        )
+    gradient_method = method in HEADS
+    # the step scores' forward of the 3 sequences, then the method's: a forward per prompt
+    # (gradient methods: each prompt's backward stays on its own graph) or one of 3 sequences
+    assert sizes == ([3, 1, 1, 1] if gradient_method else [3, 3]), sizes
+    row = 0
+    for prompt, cont in zip(prompts, conts, strict=True):
+        with _user_hook(model):
+            alone = attribute(
+                model, prompt, Target(continuation=cont), method=method, **_options(method)
+            )
+        for s in range(alone.scores.shape[0]):
+            n_real = int(alone.mask[s].sum())
+            _check_row(batched, row, alone[s : s + 1], n_real, f"{method} row {row}")
+            row += 1
+    assert row == batched.scores.shape[0]
+
+
+@pytest.mark.parametrize("method", ["lrp", "normxlogit", "alti_logit", "gradient"])
+def test_per_step_foils_on_the_shared_path(method):
+    model = _model("gpt2")
+    prompt = to_batch(model, PROMPT).tokens[0].tolist()
+    cont = model.tokenizer(CONTINUATION, add_special_tokens=False)["input_ids"]
+    foils = ["dog", "are", "near"]
+    with _user_hook(model) as sizes:
+        forced = attribute(
+            model,
+            PROMPT,
+            Target(continuation=cont, foil=foils),
+            method=method,
+            **_options(method),
+        )
+    assert sizes == [1, 1]
+    for s, (token, foil) in enumerate(zip(cont, foils, strict=True)):
+        with _user_hook(model):
+            single = attribute(
+                model,
+                torch.tensor(prompt + cont[:s]),
+                Target(token=token, foil=foil),
+                method=method,
+                **_options(method),
+            )
+        assert int(forced.target.foil_ids[s]) == int(single.target.foil_ids[0])
+        _check_row(forced, s, single, len(prompt) + s, f"{method} foil step {s}")
+
+
+def test_alti_with_l1_eps_keeps_one_forward_per_step():
+    """With ``l1_eps > 0`` a mixing row depends on the explained position (the official ε
+    artifact), so steps are not shared; each still equals its prefix."""
+    model = _model("llama")
+    prompt = to_batch(model, PROMPT).tokens[0].tolist()
+    cont = model.tokenizer(CONTINUATION, add_special_tokens=False)["input_ids"]
+    with _user_hook(model) as sizes:
+        forced = attribute(
+            model, PROMPT, Target(continuation=cont), method="alti_logit", l1_eps=1e-6
+        )
+    assert sizes == [1, len(cont)]
+    for s, token in enumerate(cont):
+        with _user_hook(model):
+            single = attribute(
+                model,
+                torch.tensor(prompt + cont[:s]),
+                Target(token=token),
+                method="alti_logit",
+                l1_eps=1e-6,
+            )
+        _check_row(forced, s, single, len(prompt) + s, f"l1_eps step {s}")
+
+
+def _toy_graph() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 4, dtype=torch.float64)
+    y = torch.tanh(x @ w).cumsum(1)  # causal mixing along positions
+    unused = torch.zeros(1, 6, 2, dtype=torch.float64, requires_grad=True)
+    values = (y[0, 2:] ** 2).sum(-1)  # 4 scalars at positions 2..5
+    return values, [x, unused]
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_batched_vjp_equals_one_backward_per_value(chunk):
+    values, inputs = _toy_graph()
+    expected = [
+        torch.autograd.grad(values[i], inputs[0], retain_graph=True)[0]
+        for i in range(values.shape[0])
+    ]
+    got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=chunk)
+    for i, e in enumerate(expected):
+        _close(got[0][i], e, f"value {i}")
+    assert got[0].shape == (4, 1, 6, 4)
+    assert torch.equal(got[1], torch.zeros(4, 1, 6, 2, dtype=torch.float64))
+
+
+def test_batched_vjp_falls_back_one_by_one(monkeypatch):
+    """A graph with an operation that has no batching rule gives the same numbers."""
+    values, inputs = _toy_graph()
+    expected = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype))
+    real = torch.autograd.grad
+
+    def no_vmap(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("vmap: no batching rule implemented for this operation")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_vmap)
+    values, inputs = _toy_graph()
+    got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=3)
+    for a, b in zip(got, expected, strict=True):
+        _close(a, b, "fallback")
