@@ -10,8 +10,9 @@ Every step row of the returned batch holds that same full sequence: causal atten
 tokens after a step's position irrelevant to it, so every step equals its prefix explained on its
 own. Methods share the work across the rows of one sequence
 (:func:`lens_attrib.forward.step_groups`): gradient methods run the sequence once and take the
-``S`` step gradients as batched vector–Jacobian products (:func:`lens_attrib.methods.backprop.step_gradients_at`), ALTI computes
-its mixing matrices once, LogAt/NormXLogit read one forward.
+``S`` step gradients as batched vector–Jacobian products
+(:func:`lens_attrib.methods.backprop.step_gradients_at`), ALTI computes its mixing matrices once,
+LogAt/NormXLogit read one forward.
 """
 
 from __future__ import annotations
