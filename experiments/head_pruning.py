@@ -30,6 +30,7 @@ import torch
 
 from lens_attrib import load_model
 from lens_attrib.cli import choice_list
+from lens_attrib.evaluation import load_task
 from lens_attrib.plot import pruning_curve
 from lens_attrib.pruning import (
     POOLINGS,
@@ -48,18 +49,16 @@ BLIMP_PARADIGM = "regular_plural_subject_verb_agreement_1"
 
 
 def task_items(model: Any, task: str, n: int, seed: int, paradigm: str) -> list[Any]:
-    """``n`` items of ``task`` whose target and foil are single tokens for ``model``."""
-    if task == "sva":
-        from lens_attrib.data import generate_sva
-
-        items, _ = single_token_items(model, generate_sva(4 * n, seed=seed))
-    elif task == "blimp":
-        from lens_attrib.data import load_blimp
-
-        items, _ = single_token_items(model, load_blimp(paradigm))
-        random.Random(seed).shuffle(items)
-    else:
+    """``n`` items of ``task`` whose target and foil are single tokens for ``model``, loaded
+    through the one task registry (:func:`lens_attrib.evaluation.load_task`): ``sva`` draws
+    ``4n`` template items, ``blimp`` reads the whole paradigm and shuffles it with ``seed``."""
+    if task not in ("sva", "blimp"):
         raise ValueError(f"unknown task {task!r}: use 'sva' or 'blimp'")
+    if task == "sva":
+        items, _ = single_token_items(model, load_task("sva", 4 * n, seed))
+    else:
+        items, _ = single_token_items(model, load_task(f"blimp:{paradigm}", None, seed))
+        random.Random(seed).shuffle(items)
     if len(items) < n:
         warnings.warn(f"{task}: only {len(items)} single-token items (asked for {n})", stacklevel=2)
     return items[:n]
