@@ -235,7 +235,7 @@ def ground_truth_records(
     once on the batch: its Attribution goes to ``attributions`` (item 0 is the report's
     example), a method that does not apply to ``skipped``, the IG completeness note to
     ``notes``; ``ig_options``: more options for Integrated Gradients."""
-    from lens_attrib.evaluation import plausibility
+    from lens_attrib.evaluation.metrics import score
 
     evidence = [item_evidence_positions(model, it) for it in items]  # the start token included
     records: list[dict[str, Any]] = []
@@ -265,12 +265,10 @@ def ground_truth_records(
             attributions.append(attr)
         if name == "integrated_gradients" and notes is not None:
             notes.append(ig_note(attr, ig_steps))
-        values = plausibility(attr, evidence[:n], ["pointing_game", "mrr"])
-        for metric, column in values.items():
-            records.extend(
-                {"method": name, "metric": metric, "item": i, "value": float(v)}
-                for i, v in enumerate(column.tolist())
-            )
+        records.extend(
+            {"method": name, "metric": r.metric, "item": r.item, "value": r.value}
+            for r in score(model, attr, ["pointing_game", "mrr"], evidence=evidence[:n])
+        )
     return records
 
 
