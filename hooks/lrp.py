@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_attrib.backend import arch_of, hook_name
+from lens_attrib.backend import arch_of, hook_name, layer_norm_activation, mlp_activation
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
 
@@ -120,30 +120,32 @@ def _grad_scaler(factor: float) -> HookFn:
 def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str, HookFn]]:
     """Identity rule through the activation; gate rule (detach / uniform) in gated MLPs."""
     cfg = model.cfg
-    if cfg.act_fn is not None and cfg.is_layer_norm_activation():
+    if layer_norm_activation(model):
         raise ModelError(
             f"LRP rules for the LayerNorm activation {cfg.act_fn!r} (SoLU) are not implemented."
         )
     gated = bool(getattr(cfg, "gated_mlp", False))
-    store: dict[str, dict[str, Tensor]] = {}
+    store: dict[int, dict[str, Tensor]] = {}
     hooks: list[tuple[str, HookFn]] = []
 
-    def keep(key: str) -> HookFn:
+    # keyed by layer, not by ``hook.name``: a TransformerBridge names its hook points differently
+    def keep(layer: int, key: str) -> HookFn:
         def hook(x: Tensor, hook: Any) -> None:
-            store.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+            store.setdefault(layer, {})[key] = x
 
         return hook
 
-    def post_hook(post: Tensor, hook: Any) -> Tensor:
-        prefix = hook.name.rsplit(".", 1)[0]
-        saved = store.pop(prefix)
+    def post_hook(layer: int) -> HookFn:
+        return lambda post, hook: rule(layer, post)
+
+    def rule(layer: int, post: Tensor) -> Tensor:
+        saved = store.pop(layer)
         pre = saved["pre"]
         if not gated:
             return identity_rule(pre, post, identity_eps)
         up = saved["up"]
-        mlp = model.get_submodule(prefix)
         with torch.no_grad():
-            act = mlp.act_fn(pre)
+            act = mlp_activation(model, layer)(pre)
         if variant == "lrp":  # gate detached: post = const · up
             return linearized(post, (up, act))
         with torch.no_grad():  # uniform rule on act·up, identity rule through act
@@ -151,10 +153,10 @@ def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         return linearized(post, (pre, m_pre), (up, 0.5 * act))
 
     for layer in range(cfg.n_layers):
-        hooks.append((hook_name("pre", layer), keep("pre")))
+        hooks.append((hook_name("pre", layer), keep(layer, "pre")))
         if gated:
-            hooks.append((hook_name("pre_linear", layer), keep("up")))
-        hooks.append((hook_name("post", layer), post_hook))
+            hooks.append((hook_name("pre_linear", layer), keep(layer, "up")))
+        hooks.append((hook_name("post", layer), post_hook(layer)))
     return hooks
 
 

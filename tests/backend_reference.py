@@ -1,0 +1,155 @@
+"""Reference outputs of every method on tiny checkpoint folders, from TransformerLens 3.9.
+
+TransformerLens 3.9 and 4.x cannot be installed together, so the bridge backend (TL 4) is
+compared with the hooked backend (TL 3.9) through committed files, made under TL 3.9 by::
+
+    HF_HUB_OFFLINE=1 python -m tests.backend_reference
+
+which (1) writes tiny random GPT-2 and Llama-GQA checkpoints with ``transformers``'
+``save_pretrained`` into ``tests/fixtures/backends/<arch>/`` (only when missing: the committed
+folders are the fixed weights both backends load), and (2) runs every case of :data:`CASES` on
+``load_model(folder, dtype=float64, backend="hooked")`` and saves all arrays to
+``tests/fixtures/backends/outputs.npz``. ``tests/test_backends.py`` loads the same folders with
+the available backend and compares (1e-10 of each array's largest magnitude).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lens_attrib import Target, attribute
+
+ROOT = Path(__file__).parent / "fixtures" / "backends"
+OUTPUTS = ROOT / "outputs.npz"
+ARCHS = ("gpt2", "llama")
+
+PROMPTS = ["the keys to the cabinet", "the author near the doors is"]
+
+METHODS = (
+    "gradient",
+    "grad_x_input",
+    "lrp",
+    "attnlrp",
+    "alti_logit",
+    "alti",
+    "attention",
+    "rollout",
+    "value_zeroing",
+    "random",
+    "embed_norm",
+    "logat",
+    "normxlogit",
+    "grad_ellm",
+    "deeplift",
+)
+
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    *[(arch, method, {}) for arch in ARCHS for method in METHODS],
+    *[(arch, "integrated_gradients", {"n_steps": 8}) for arch in ARCHS],
+    *[(arch, "grad_x_input", {"heads": True}) for arch in ARCHS],
+    *[(arch, "attnlrp", {"heads": True}) for arch in ARCHS],
+    *[(arch, "alti_logit", {"trace_heads": True}) for arch in ARCHS],
+]
+FIELDS = ("scores", "layer_scores", "head_scores", "head_token_scores")
+
+
+def target() -> Target:
+    """Contrastive agreement target (the tiny tokenizer is word-level: no leading spaces)."""
+    return Target(token=["are", "is"], foil=["is", "are"])
+
+
+def key_of(arch: str, method: str, options: dict[str, Any]) -> str:
+    return f"{arch}/{method}/{'-'.join(f'{k}={v}' for k, v in sorted(options.items()))}"
+
+
+def _gpt2(vocab: int) -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=vocab, n_positions=64, n_embd=16, n_layer=2, n_head=2)
+    )
+
+
+def _llama(vocab: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rope_theta=5000.0,
+            rms_norm_eps=1e-5,
+            bos_token_id=2,
+            tie_word_embeddings=False,
+        )
+    )
+
+
+BUILDERS: dict[str, Callable[[int], Any]] = {"gpt2": _gpt2, "llama": _llama}
+
+
+def write_folder(arch: str, folder: Path) -> None:
+    """A tiny random checkpoint (every bias and norm gain random too) with a word tokenizer."""
+    from lens_attrib.tiny_models import tiny_tokenizer
+
+    torch.manual_seed(0)
+    tok = tiny_tokenizer()
+    hf_model = BUILDERS[arch](len(tok)).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(
+                    (1.0 if "weight" in name else 0.0) + 0.1 * torch.randn(p.shape, generator=gen)
+                )
+    hf_model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def compute(load: Callable[[Path], Any]) -> dict[str, np.ndarray]:
+    """Every case's arrays for the models ``load(folder)`` gives, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        models = {arch: load(ROOT / arch) for arch in ARCHS}
+        out: dict[str, np.ndarray] = {}
+        for arch, method, options in CASES:
+            out.update(case_arrays(models[arch], arch, method, options))
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def case_arrays(model: Any, arch: str, method: str, options: dict[str, Any]) -> dict[str, Any]:
+    attr = attribute(model, PROMPTS, target(), method=method, **options)
+    key = key_of(arch, method, options)
+    return {
+        f"{key}/{field}": getattr(attr, field).numpy()
+        for field in FIELDS
+        if getattr(attr, field) is not None
+    }
+
+
+def main() -> None:
+    from lens_attrib import load_model
+
+    for arch in ARCHS:
+        if not (ROOT / arch / "config.json").exists():
+            write_folder(arch, ROOT / arch)
+    arrays = compute(lambda folder: load_model(str(folder), dtype=torch.float64, backend="hooked"))
+    np.savez_compressed(OUTPUTS, **arrays)
+    print(f"wrote {len(arrays)} arrays to {OUTPUTS}")
+
+
+if __name__ == "__main__":
+    main()
