@@ -9,7 +9,8 @@ which (1) writes tiny random GPT-2 and Llama-GQA checkpoints with ``transformers
 ``save_pretrained`` into ``tests/fixtures/backends/<arch>/`` (only when missing: the committed
 folders are the fixed weights both backends load), and (2) runs every case of :data:`CASES` on
 ``load_model(folder, dtype=float64, backend="hooked")`` and saves all arrays to
-``tests/fixtures/backends/outputs.npz``. ``tests/test_backends.py`` loads the same folders with
+``tests/fixtures/backends/outputs.npz``, and (3) the :data:`ABLATION_CASES` again with a user's
+hook zeroing one head (keys ``ablated/...``). ``tests/test_backends.py`` loads the same folders with
 the available backend and compares (1e-10 of each array's largest magnitude).
 """
 
@@ -56,6 +57,20 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[(arch, "alti_logit", {"trace_heads": True}) for arch in ARCHS],
 ]
 FIELDS = ("scores", "layer_scores", "head_scores", "head_token_scores")
+
+ABLATED_HOOK, ABLATED_HEAD = "blocks.1.attn.hook_z", 1
+"""The user's own ablation in the ablation cases: head 1 of layer 1 zeroed at ``hook_z``."""
+ABLATION_CASES: list[tuple[str, str, dict[str, Any]]] = [
+    *[(arch, "alti_logit", {"trace_heads": True}) for arch in ARCHS],
+    *[(arch, "attnlrp", {"heads": True}) for arch in ARCHS],
+]
+
+
+def ablate_head(z: torch.Tensor, hook: Any) -> torch.Tensor:
+    """A user's hook: zero one head's output (a copy, returned)."""
+    z = z.clone()
+    z[:, :, ABLATED_HEAD] = 0.0
+    return z
 
 
 def target() -> Target:
@@ -125,14 +140,23 @@ def compute(load: Callable[[Path], Any]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for arch, method, options in CASES:
             out.update(case_arrays(models[arch], arch, method, options))
+        for arch, method, options in ABLATION_CASES:
+            models[arch].add_hook(ABLATED_HOOK, ablate_head)
+            try:
+                out.update(case_arrays(models[arch], arch, method, options, prefix="ablated/"))
+            finally:
+                models[arch].reset_hooks()
         return out
     finally:
         torch.set_num_threads(threads)
 
 
-def case_arrays(model: Any, arch: str, method: str, options: dict[str, Any]) -> dict[str, Any]:
+def case_arrays(
+    model: Any, arch: str, method: str, options: dict[str, Any], prefix: str = ""
+) -> dict[str, Any]:
+    """The arrays of one case, keyed ``[prefix]arch/method/options/field``."""
     attr = attribute(model, PROMPTS, target(), method=method, **options)
-    key = key_of(arch, method, options)
+    key = prefix + key_of(arch, method, options)
     return {
         f"{key}/{field}": getattr(attr, field).numpy()
         for field in FIELDS
