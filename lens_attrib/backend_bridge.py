@@ -22,6 +22,8 @@ means something else on the bridge, this module maps it:
 - Hook points report their own names (``blocks.0.mlp.in.hook_out``), not the alias a hook was
   added under: hook functions in :mod:`lens_attrib.hooks` bind the layer instead of parsing
   ``hook.name``.
+- GPT-NeoX's joint-QKV rotary attention has ``hook_rot_q``/``hook_rot_k`` that never fire (Grad-ELLM
+  reads the rotated queries and keys there): :func:`call_context` fires them after its rotation.
 - ``hook_pos_embed`` exists on rotary models but never fires: the embedding hooks of rotary
   models are the token embedding alone (:func:`lens_attrib.backend.embedding_hooks`).
 - Masked attention scores are ``finfo.min`` (−3.4e38 in float32) instead of ``−inf``, and a query
@@ -267,18 +269,22 @@ def call_context(model: Any) -> Iterator[None]:
     bridge's own formula instead of Hugging Face's module), and every attention takes the
     bridge's compatibility masking: ``−inf`` for masked scores (not ``finfo.min``, which sums
     to ``−inf`` with a causal mask in float64 and turns a left-padded row into NaN) and a zero
-    pattern for query rows that see no key (left padding), as ``HookedTransformer``.
+    pattern for query rows that see no key (left padding), as ``HookedTransformer``. A joint-QKV
+    rotary attention (GPT-NeoX) fires ``hook_rot_q``/``hook_rot_k``.
     """
     norms = _norm_bridges(model)
     before = [n.use_native_layernorm_autograd for n in norms]
     attns = [m for m in model.modules() if hasattr(m, "_masked_softmax")]
     compat = [m.compatibility_mode for m in attns]
+    silent_rotary = [m for m in attns if _rotary_hooks_silent(m)]
     folding = getattr(model.cfg, "layer_norm_folding", False)
     try:
         for norm in norms:
             norm.use_native_layernorm_autograd = False
         for attn in attns:  # -inf masks; fully masked (left-pad) query rows give a 0 pattern
             attn.compatibility_mode = True
+        for attn in silent_rotary:
+            attn._apply_rotary_pos_emb = _rotary_firing_hooks(attn)
         if folding:  # a folding flag also routes norms to the native path
             model.cfg.layer_norm_folding = False
         yield
@@ -287,8 +293,29 @@ def call_context(model: Any) -> Iterator[None]:
             norm.use_native_layernorm_autograd = value
         for attn, value in zip(attns, compat):
             attn.compatibility_mode = value
+        for attn in silent_rotary:
+            attn.__dict__.pop("_apply_rotary_pos_emb", None)
         if folding:
             model.cfg.layer_norm_folding = folding
+
+
+def _rotary_hooks_silent(attn: Any) -> bool:
+    """A joint-QKV rotary attention (GPT-NeoX) has ``hook_rot_q``/``hook_rot_k`` that never fire."""
+    names = {cls.__name__ for cls in type(attn).__mro__}
+    return "JointQKVPositionEmbeddingsAttentionBridge" in names and hasattr(attn, "hook_rot_q")
+
+
+def _rotary_firing_hooks(attn: Any) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The attention's own rotation, then ``hook_rot_q``/``hook_rot_k`` on the rotated ``q``/``k``
+    (``[batch, head, pos, d_head]`` there; the hook points show them as ``[batch, pos, head,
+    d_head]``, as on Llama's attention bridge)."""
+    rotate = type(attn)._apply_rotary_pos_emb
+
+    def apply(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        q, k = rotate(attn, q, k, cos, sin)
+        return attn.hook_rot_q(q), attn.hook_rot_k(k)
+
+    return apply
 
 
 def exact_float64(model: Any) -> Any:

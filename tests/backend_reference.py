@@ -27,7 +27,7 @@ from lens_attrib import Target, attribute
 
 ROOT = Path(__file__).parent / "fixtures" / "backends"
 OUTPUTS = ROOT / "outputs.npz"
-ARCHS = ("gpt2", "llama")
+ARCHS = ("gpt2", "llama", "neox")
 
 PROMPTS = ["the keys to the cabinet", "the author near the doors is"]
 
@@ -110,7 +110,25 @@ def _llama(vocab: int) -> Any:
     )
 
 
-BUILDERS: dict[str, Callable[[int], Any]] = {"gpt2": _gpt2, "llama": _llama}
+def _neox(vocab: int) -> Any:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    return GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            rotary_pct=0.5,
+            rope_theta=10000.0,
+            use_parallel_residual=True,
+        )
+    )
+
+
+BUILDERS: dict[str, Callable[[int], Any]] = {"gpt2": _gpt2, "llama": _llama, "neox": _neox}
 
 
 def write_folder(arch: str, folder: Path) -> None:

@@ -2,7 +2,8 @@
 
 TransformerLens 3.9 and 4.x cannot be installed together, so the reference is a committed file:
 ``tests/fixtures/backends/outputs.npz``, every method run by the 3.9 backend (float64) on the
-committed tiny GPT-2 and Llama-GQA folders (``python -m tests.backend_reference``; README there).
+committed tiny GPT-2, Llama-GQA and GPT-NeoX folders (``python -m tests.backend_reference``;
+README there).
 Each case runs on the backend the installed TransformerLens builds and the other backend's cases
 are skipped with the reason; ``.ci/run`` runs this file a second time in a TransformerLens 4
 environment. Under 3.9 the hooked cases prove that the reference still describes the code; under
@@ -30,6 +31,7 @@ from lens_attrib.backend import (
     hook_name,
     lm_head,
     output_weights,
+    query_key_hooks,
     value_weights,
 )
 from lens_attrib.errors import ModelError
@@ -80,7 +82,7 @@ def user_bridge(arch: str) -> Any:
     model = TransformerBridge.boot_transformers(
         str(ref.ROOT / arch), device="cpu", dtype=torch.float64
     )
-    if arch == "llama":  # transformers' float32 rotary tables; see backend_bridge.exact_float64
+    if arch != "gpt2":  # transformers' float32 rotary tables; see backend_bridge.exact_float64
         exact_float64(model)
     return model
 
@@ -316,3 +318,27 @@ def test_left_padded_rows_stay_finite_and_equal_single_items():
             torch.testing.assert_close(
                 batched.scores[b][batched.mask[b]], single.scores[0][:n], rtol=0, atol=tol * scale
             )
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ["llama", "neox"])
+def test_rotated_queries_and_keys_are_seen_on_every_rotary_bridge(arch):
+    """GPT-NeoX's joint-QKV attention bridge never fires ``hook_rot_q``/``hook_rot_k``; inside a
+    call they fire (Grad-ELLM reads them), and their products are the attention scores."""
+    model = user_bridge(arch)
+    batch = _batch(model)
+    q_name, k_name = query_key_hooks(batch.arch, 1)
+    fired: list[str] = []
+    with model.hooks(fwd_hooks=[(q_name, lambda x, hook: fired.append("q"))]), torch.no_grad():
+        model(batch.tokens[:1])
+    assert fired == ([] if arch == "neox" else ["q"])  # the trap, outside a call
+    names = [q_name, k_name, hook_name("attn_scores", 1)]
+    with no_grad_context(model):
+        seen = run(model, batch, ref.target(), capture=names).captured
+    q, k, scores = (seen[n] for n in names)
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    products = torch.einsum("bqhd,bkhd->bhqk", q, k) / batch.arch.d_head**0.5
+    visible = torch.isfinite(scores)
+    assert visible.any()
+    torch.testing.assert_close(products[visible], scores[visible], rtol=1e-12, atol=1e-14)
