@@ -49,4 +49,4 @@ $(TL4_STAMP): pyproject.toml Makefile
 	touch $(TL4_STAMP)
 
 test-tl4: $(TL4_STAMP)
-	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider tests/test_backends.py
+	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 tests/test_backends.py

@@ -10,8 +10,9 @@ which (1) writes tiny random GPT-2 and Llama-GQA checkpoints with ``transformers
 folders are the fixed weights both backends load), and (2) runs every case of :data:`CASES` on
 ``load_model(folder, dtype=float64, backend="hooked")`` and saves all arrays to
 ``tests/fixtures/backends/outputs.npz``, and (3) the :data:`ABLATION_CASES` again with a user's
-hook zeroing one head (keys ``ablated/...``). ``tests/test_backends.py`` loads the same folders with
-the available backend and compares (1e-10 of each array's largest magnitude).
+hook zeroing one head (keys ``ablated/...``), and (4) evaluation metrics, a generation target and
+ReAGent (:func:`evaluation_arrays`, keys ``eval/...``). ``tests/test_backends.py`` loads the
+same folders with the available backend and compares (1e-10 of each array's largest magnitude).
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ def compute(load: Callable[[Path], Any]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for arch, method, options in CASES:
             out.update(case_arrays(models[arch], arch, method, options))
+        for arch in ARCHS:
+            out.update(evaluation_arrays(models[arch], arch))
         for arch, method, options in ABLATION_CASES:
             models[arch].add_hook(ABLATED_HOOK, ablate_head)
             try:
@@ -180,6 +183,43 @@ def case_arrays(
         for field in FIELDS
         if getattr(attr, field) is not None
     }
+
+
+def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
+    """Evaluation on the model's AttnLRP attribution (hard and soft perturbation, dynamic and
+    fixed routing), a generation target and ReAGent: keys ``eval/arch/what/field``."""
+    import warnings
+
+    from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
+    from lens_attrib.evaluation.soft import soft_metrics
+
+    attr = attribute(model, PROMPTS, target(), method="attnlrp")
+    results: dict[str, Any] = {
+        "aopc": aopc(model, attr),
+        "insertion_deletion": insertion_deletion(model, attr, steps=4),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # π unreachable on random weights
+        for routing in ("dynamic", "fixed"):
+            results[f"soft_{routing}"] = soft_metrics(model, attr, n_draws=4, routing=routing)
+    fields = {
+        "aopc": ("comprehensiveness", "sufficiency"),
+        "insertion_deletion": ("deletion", "insertion"),
+        "soft_dynamic": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
+        "soft_fixed": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
+    }
+    out = {
+        f"eval/{arch}/{what}/{field}": getattr(results[what], field).numpy()
+        for what, names in fields.items()
+        for field in names
+    }
+    generated = attribute(model, ["the keys"], Target(generate=2), method="grad_x_input")
+    out[f"eval/{arch}/generation/scores"] = generated.scores.numpy()
+    reagent = attribute(
+        model, PROMPTS[:1], Target(token="is"), method="reagent", max_probe_steps=2, num_probes=2
+    )
+    out[f"eval/{arch}/reagent/scores"] = reagent.scores.numpy()
+    return out
 
 
 def main() -> None:

@@ -111,6 +111,16 @@ def test_every_method_equals_the_reference(backend, case, loaded, reference):
     assert_equal_to_reference(got, reference, ref.key_of(arch, method, options))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ref.ARCHS)
+def test_evaluation_generation_and_reagent_equal_the_reference(backend, arch, loaded, reference):
+    """AOPC, insertion/deletion, Soft-NC/NS (dynamic and fixed routing), a generation target and
+    ReAGent on the model's own AttnLRP attribution: the same numbers on both backends."""
+    assert arch_of(loaded[arch]).backend == backend
+    got = ref.evaluation_arrays(loaded[arch], arch)
+    assert_equal_to_reference(got, reference, f"eval/{arch}")
+
+
 def test_the_default_backend_is_the_installed_majors():
     assert default_backend() == ("bridge" if BRIDGE else "hooked")
     other = "hooked" if BRIDGE else "bridge"
