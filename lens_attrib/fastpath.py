@@ -134,8 +134,14 @@ def _in_storage_order(tensor: torch.Tensor, order: tuple[int, ...]) -> bool:
 
 
 def _check_model(model: Any) -> None:
-    from transformer_lens import HookedEncoder, HookedTransformer
-
+    try:
+        from transformer_lens import HookedEncoder, HookedTransformer
+    except ImportError:  # TransformerLens 4: only the TransformerBridge
+        raise TypeError(
+            f"enable_fast_forward re-lays TransformerLens 3.9's HookedTransformer/HookedEncoder "
+            f"weights; got {type(model).__name__}, and TransformerLens >= 4 (no HookedTransformer) "
+            "is installed. A TransformerBridge runs Hugging Face's own forward: leave it as is."
+        ) from None
     if not isinstance(model, HookedTransformer | HookedEncoder):
         raise TypeError(
             f"enable_fast_forward expects a TransformerLens HookedTransformer or HookedEncoder, "

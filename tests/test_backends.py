@@ -352,3 +352,30 @@ def test_rotated_queries_and_keys_are_seen_on_every_rotary_bridge(arch):
     visible = torch.isfinite(scores)
     assert visible.any()
     torch.testing.assert_close(products[visible], scores[visible], rtol=1e-12, atol=1e-14)
+
+
+@needs_bridge
+def test_encoder_bridges_are_refused_with_the_backend_that_works(tmp_path):
+    """BERT on the bridge (other hook names, MLM head layout) is not mapped yet: a clear error
+    naming ``backend='hooked'`` instead of silently wrong numbers."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import BertConfig, BertForMaskedLM
+
+    from lens_attrib.tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer(encoder=True)
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertForMaskedLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        load_model(str(tmp_path), backend="bridge")
+    model = TransformerBridge.boot_transformers(str(tmp_path), device="cpu")
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        attribute(model, ["the keys to the cabinet are"], Target(position=-2), method="alti")
