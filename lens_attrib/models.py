@@ -123,7 +123,7 @@ def load_model(
     name_or_path = checked_name(name_or_path)
     backend = check_backend(backend)
     if backend == "bridge":
-        return load_bridge(name_or_path, device=device, dtype=dtype)
+        return load_bridge(name_or_path, device=device, dtype=dtype, cache_dir=cache_dir)
     device = torch.device(device or "cpu")
     key = name_or_path.lower()
     if key in SMOLLM2_NAMES:
@@ -183,24 +183,32 @@ def check_backend(backend: str | None) -> str:
 
 
 def load_bridge(
-    folder: str, *, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32
+    folder: str,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | Path | None = None,
 ) -> Any:
-    """A local Hugging Face decoder folder as a TransformerLens 4 ``TransformerBridge``, offline.
+    """A local Hugging Face decoder folder (or the bundled SmolLM2 pack) as a TransformerLens 4
+    ``TransformerBridge``, offline.
 
     ``TransformerBridge.boot_transformers(folder)`` keeps the raw Hugging Face weights (no
     processing) in ``dtype``; norms then compute in the model's dtype with live hooks, and in
-    float64 the rotary tables are float64 (:func:`lens_attrib.backend_bridge.exact_float64`), so
-    that float64 outputs equal the ``HookedTransformer``'s of the same weights.
+    float64 the rotary tables and softmax are float64
+    (:func:`lens_attrib.backend_bridge.exact_float64`), so that float64 outputs equal the
+    ``HookedTransformer``'s of the same weights. ``smollm2-135m``: the GGUF dequantized once by
+    transformers into a cached folder (:func:`smollm2_hf_folder`).
     """
     from transformers import AutoConfig
 
     from lens_attrib.backend_bridge import exact_float64
 
-    path = Path(folder)
+    smollm2 = folder.lower() in SMOLLM2_NAMES
+    path = smollm2_hf_folder(cache_dir) if smollm2 else Path(folder)
     if not path.is_dir():
         raise ModelError(
-            f"backend='bridge' loads local Hugging Face folders; {folder!r} is not a folder "
-            "(the bundled smollm2-135m / minilm-l6 packs and names need backend='hooked')."
+            f"backend='bridge' loads local Hugging Face folders and smollm2-135m; {folder!r} is "
+            "neither (the minilm-l6 pack and hub names need backend='hooked')."
         )
     if encoder_kind(AutoConfig.from_pretrained(path)) is not None:
         raise ModelError(
@@ -213,7 +221,11 @@ def load_bridge(
         str(path), device=str(torch.device(device or "cpu")), dtype=dtype
     )
     exact_float64(model)
-    model.cfg.model_name = path.name
+    if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
+        model.cfg.default_prepend_bos = False
+        model.cfg.model_name = "SmolLM2-135M-Instruct"
+    else:
+        model.cfg.model_name = path.name
     model.eval()
     return model
 
@@ -499,6 +511,34 @@ def smollm2_float32_weights(
         for item in Path(tmp).iterdir():
             os.replace(item, folder / item.name)
     return state_dict, tokenizer
+
+
+def smollm2_hf_folder(cache_dir: str | Path | None = None) -> Path:
+    """SmolLM2 dequantized from the bundled GGUF by transformers, saved once as a Hugging Face
+    folder (float32 safetensors and the tokenizer) in the cache; its path."""
+    gguf = smollm2_gguf_path()
+    folder = cache_root(cache_dir) / f"smollm2-hf-{_file_digest(gguf)}"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM
+
+    hf_model, tokenizer = smollm2_hf_from_gguf(torch.float32)
+    # a model read from GGUF keeps its quantization config and refuses save_pretrained: the
+    # dequantized weights go into a plain model of the same config
+    config = hf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(hf_model.state_dict(), strict=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".smollm2-hf-"))
+    plain.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.replace(staging, folder)
+    except OSError:  # another process saved it first
+        if not (folder / "config.json").exists():
+            raise
+    return folder
 
 
 def load_smollm2(cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32) -> Any:
