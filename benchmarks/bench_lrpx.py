@@ -74,7 +74,7 @@ def bench_length(model: Any, length: int, reps: int, ig_steps: int, device: str)
     gaps: dict[str, float] = {}
     for name, fn in calls.items():  # warm-up, and the conservation facts
         a = fn()
-        gap = a.meta.get("conservation_gap", a.meta.get("completeness_gap"))
+        gap = a.meta.get("completeness_gap")
         ref = a.meta["explained_value"]
         if gap is not None:
             gaps[name] = float((gap.abs() / ref.abs()).max())

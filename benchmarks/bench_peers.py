@@ -363,7 +363,7 @@ def _command(side: str, python: str, opts_file: str) -> list[str]:
 def _options(args: argparse.Namespace, opts_file: Path) -> dict[str, Any]:
     import warnings
 
-    from lens_attrib.methods.gradient import _special_id
+    from lens_attrib.methods.baselines import special_token_id
     from lens_attrib.models import cache_root, load_model, smollm2_gguf_path
 
     with warnings.catch_warnings():
@@ -378,7 +378,7 @@ def _options(args: argparse.Namespace, opts_file: Path) -> dict[str, Any]:
         "ig_steps": args.ig_steps,
         # the steps per forward our integrated_gradients chooses (its memory budget)
         "ig_batch": max(1, min(args.ig_steps, 2**12 // t, 2**19 // t**2)),
-        "baseline_id": _special_id(model, "pad"),
+        "baseline_id": special_token_id(model, "pad"),
         "hf_dir": str(cache_root() / HF_DIR_NAME),
         "gguf": str(smollm2_gguf_path()),
     }

@@ -26,11 +26,14 @@ Where the rule applies (``activations``):
   ``deeplift``, built on it) computes on GPT-2, Llama or BERT. Inside a ``Target.head`` the
   modules Captum lists (``nn.ReLU``, ``nn.ELU``, ``nn.Sigmoid``, ``nn.Tanh``) get the rule, as
   Captum gives it to BERT's pooler (also ``LeakyReLU`` and ``Softplus``).
+
+The Rescale multiplier itself and the autograd pieces are in :mod:`lens_attrib.hooks.rules`;
+this module places them in the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,30 +43,18 @@ from torch import Tensor, nn
 from lens_attrib.backend import hook_name, layer_norm_activation, mlp_activation
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
-from lens_attrib.hooks.lrp import linearized, mlm_head_activation, safe_ratio
+from lens_attrib.hooks.rules import (
+    RESCALE_EPS,
+    derivative,
+    linearized,
+    mlm_head_activation,
+    rescale_multiplier,
+    safe_ratio,
+)
 
 ACTIVATIONS = ("all", "captum")
 CAPTUM_ACTIVATIONS = ("relu",)
 """TransformerLens ``act_fn`` names whose Hugging Face module is in Captum's nonlinear list."""
-RESCALE_EPS = 1e-10  # Captum 0.9, DeepLift(eps=1e-10): |Δh| below it falls back to φ'(h)
-
-
-def derivative(act: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
-    """``φ'(h)`` of an element-wise ``φ`` (one autograd call on a detached copy)."""
-    with torch.enable_grad():
-        x = h.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(act(x).sum(), x)
-    return grad
-
-
-def rescale_multiplier(
-    act: Callable[[Tensor], Tensor], h: Tensor, h0: Tensor, eps: float = RESCALE_EPS
-) -> Tensor:
-    """``(φ(h) − φ(h₀))/(h − h₀)``, and ``φ'(h)`` where ``|h − h₀| < eps`` (Captum's rule)."""
-    with torch.no_grad():
-        dh = h - h0
-        secant = safe_ratio(act(h) - act(h0), dh)
-        return torch.where(dh.abs() < eps, derivative(act, h), secant)
 
 
 def rescale_applies(act_fn: str | None, activations: str) -> bool:

@@ -24,13 +24,17 @@ forward value of the model *bit for bit* unchanged and only changes what flows b
   ``attn.hook_k``, ``attn.hook_v``): this adds no ``[pos, pos]``-sized tensor to the pass.
   Gated MLPs: uniform rule on ``φ(gate)·up`` (half to each factor) with the identity rule through
   ``φ``.
+- **mixture of experts**: the routing weight is treated like the gate of a gated MLP (detached
+  in CP-LRP, uniform rule in AttnLRP), see :func:`_moe_hooks`.
 
-Every custom backward below saves at most one tensor of the size of the activation it replaces.
+The rules themselves (identity, uniform, the autograd pieces) are in :mod:`lens_attrib.hooks.rules`;
+this module places them in the model. Every custom backward saves at most one tensor of the size
+of the activation it replaces.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,70 +44,18 @@ from torch import Tensor
 from lens_attrib.backend import arch_of, hook_name, layer_norm_activation, mlp_activation
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
+from lens_attrib.hooks.rules import (
+    IDENTITY_EPS,
+    UNIFORM_SHARE,
+    identity_rule,
+    linearized,
+    mlm_head_activation,
+    safe_ratio,
+    scale_grad,
+    uniform_rule,
+)
 
 VARIANTS = ("lrp", "attnlrp")
-IDENTITY_EPS = 1e-10  # LXT 2.1, lxt/efficient/rules.py: identity_rule_implicit_fn(epsilon=1e-10)
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward (a view), gradient multiplied by a constant backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:  # type: ignore[override]
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return grad * ctx.factor, None
-
-
-def scale_grad(x: Tensor, factor: float) -> Tensor:
-    """``x`` unchanged forward; ``factor · ∂f/∂x`` flows backward."""
-    return _ScaleGrad.apply(x, factor)  # type: ignore[no-any-return]
-
-
-class _Linearized(torch.autograd.Function):
-    """Forward returns ``value`` unchanged; backward sends ``g ⊙ m_i`` to input ``x_i``.
-
-    Called as ``apply(value, x_1, m_1, x_2, m_2, …)`` with detached multipliers ``m_i``.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, value: Tensor, *pairs: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(*pairs[1::2])
-        return value.view_as(value)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        out: list[Tensor | None] = [None]
-        for m in ctx.saved_tensors:
-            out += [grad * m, None]
-        return tuple(out)
-
-
-def linearized(value: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
-    """``value`` forward; backward ``∂f/∂x_i = ∂f/∂value ⊙ m_i`` for every ``(x_i, m_i)``."""
-    flat: list[Tensor] = []
-    for x, m in pairs:
-        flat += [x, m.detach()]
-    return _Linearized.apply(value.detach(), *flat)  # type: ignore[no-any-return]
-
-
-def safe_ratio(num: Tensor, den: Tensor) -> Tensor:
-    """``num / den`` with 0 where ``den == 0`` (there ``R = den · g · ratio`` is 0 anyway)."""
-    zero = den == 0
-    return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, 1.0, den))
-
-
-def identity_rule(pre: Tensor, post: Tensor, eps: float = IDENTITY_EPS) -> Tensor:
-    """``post = φ(pre)`` forward, backward multiplied by ``φ(pre)/(pre + eps)``: ``R_pre ≈ R_post``.
-
-    ``eps`` is LXT's stabiliser (default ``1e-10``); with ``eps=0`` the rule is exact.
-    """
-    with torch.no_grad():
-        ratio = safe_ratio(post, pre + eps)
-    return linearized(post, (pre, ratio))
 
 
 def _detach(x: Tensor, hook: Any) -> Tensor:
@@ -124,6 +76,8 @@ def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         raise ModelError(
             f"LRP rules for the LayerNorm activation {cfg.act_fn!r} (SoLU) are not implemented."
         )
+    if getattr(cfg, "num_experts", None):
+        return _moe_hooks(model, variant, identity_eps)
     gated = bool(getattr(cfg, "gated_mlp", False))
     store: dict[int, dict[str, Tensor]] = {}
     hooks: list[tuple[str, HookFn]] = []
@@ -148,15 +102,67 @@ def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
             act = mlp_activation(model, layer)(pre)
         if variant == "lrp":  # gate detached: post = const · up
             return linearized(post, (up, act))
-        with torch.no_grad():  # uniform rule on act·up, identity rule through act
-            m_pre = 0.5 * up * safe_ratio(act, pre + identity_eps)
-        return linearized(post, (pre, m_pre), (up, 0.5 * act))
+        m_act, m_up = uniform_rule(act, up)  # uniform rule on act·up: (up/2, act/2)
+        with torch.no_grad():  # identity rule through act
+            m_pre = m_act * safe_ratio(act, pre + identity_eps)
+        return linearized(post, (pre, m_pre), (up, m_up))
 
     for layer in range(cfg.n_layers):
         hooks.append((hook_name("pre", layer), keep(layer, "pre")))
         if gated:
             hooks.append((hook_name("pre_linear", layer), keep(layer, "up")))
         hooks.append((hook_name("post", layer), post_hook(layer)))
+    return hooks
+
+
+def _moe_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str, HookFn]]:
+    """Mixture of experts (TransformerLens ``MoE``): ``out = Σ_e w_e(x) · W_out(φ(x W_gate) ⊙ x
+    W_in)`` over the token's top-k experts, ``w = topk(softmax(x W_router))`` (renormalised).
+
+    The routing weight ``w_e`` multiplies the expert's output as the gate multiplies ``up`` in a
+    gated MLP, and gets the same rule (LXT 2's Qwen3-MoE patch, ``lxt/efficient/models/
+    qwen3_moe.py``; its explicit Mixtral composite likewise):
+
+    - CP-LRP: routing weights detached at ``mlp.hook_expert_weights`` (the softmax output; top-k
+      and renormalisation follow) and the expert gate detached: the block is linear in ``x``.
+    - AttnLRP: uniform rule on ``w_e · expert_e(x)``: half of the relevance to the router (its
+      gradient scaled by 1/2 at ``hook_expert_weights``; the softmax, top-k and renormalisation
+      keep their plain gradient, as in LXT), half to the expert, where the uniform rule on
+      ``φ(gate) ⊙ up`` halves it again (identity rule through ``φ``).
+    """
+    store: dict[tuple[int, int], dict[str, Tensor]] = {}
+    share = 1.0 if variant == "lrp" else 0.5  # of the expert in w_e · expert_e(x)
+    hooks: list[tuple[str, HookFn]] = []
+
+    # keyed by (layer, expert), not by ``hook.name`` (a TransformerBridge names hooks differently)
+    def keep(layer: int, expert: int, key: str) -> HookFn:
+        def hook(x: Tensor, hook: Any) -> None:
+            store.setdefault((layer, expert), {})[key] = x
+
+        return hook
+
+    def post_hook(layer: int, expert: int) -> HookFn:
+        return lambda post, hook: rule(layer, expert, post)
+
+    def rule(layer: int, expert: int, post: Tensor) -> Tensor:
+        saved = store.pop((layer, expert))
+        gate, up = saved["gate"], saved["up"]
+        with torch.no_grad():
+            act = model.blocks[layer].mlp.experts[expert].act_fn(gate)
+        if variant == "lrp":
+            return linearized(post, (up, act))
+        with torch.no_grad():
+            m_gate = 0.5 * share * up * safe_ratio(act, gate + identity_eps)
+        return linearized(post, (gate, m_gate), (up, 0.5 * share * act))
+
+    for layer in range(model.cfg.n_layers):
+        router = f"blocks.{layer}.mlp.hook_expert_weights"
+        hooks.append((router, _detach if variant == "lrp" else _grad_scaler(0.5)))
+        for expert in range(model.cfg.num_experts):
+            prefix = f"blocks.{layer}.mlp.experts.{expert}"
+            hooks.append((f"{prefix}.hook_gate", keep(layer, expert, "gate")))
+            hooks.append((f"{prefix}.hook_pre", keep(layer, expert, "up")))
+            hooks.append((f"{prefix}.hook_post", post_hook(layer, expert)))
     return hooks
 
 
@@ -176,42 +182,11 @@ def lrp_hooks(
         if variant == "lrp":
             hooks.append((hook_name("pattern", layer), _detach))
         else:
-            hooks.append((hook_name("q", layer), _grad_scaler(0.25)))
-            hooks.append((hook_name("k", layer), _grad_scaler(0.25)))
-            hooks.append((hook_name("v", layer), _grad_scaler(0.5)))
+            # uniform rule at A·v (v: one half) and at q·k (q, k: half of the half)
+            hooks.append((hook_name("q", layer), _grad_scaler(UNIFORM_SHARE * UNIFORM_SHARE)))
+            hooks.append((hook_name("k", layer), _grad_scaler(UNIFORM_SHARE * UNIFORM_SHARE)))
+            hooks.append((hook_name("v", layer), _grad_scaler(UNIFORM_SHARE)))
     return hooks + _mlp_hooks(model, variant, identity_eps)
-
-
-@contextmanager
-def mlm_head_activation(
-    model: Any, replace: Callable[[Any, Tensor, Tensor], Tensor]
-) -> Iterator[None]:
-    """Replace the output of the GELU inside BERT's MLM head (it has no hook point).
-
-    A forward pre-hook on ``mlm_head`` keeps its input ``x``; a forward pre-hook on
-    ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and passes
-    ``replace(head, h, GELU(h))`` on to the LayerNorm instead of ``GELU(h)``.
-    """
-    head: Any = model.mlm_head
-    kept: dict[str, Tensor] = {}
-
-    def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
-        kept["x"] = args[0]
-
-    def swap(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        x = kept.pop("x")
-        h = torch.matmul(x, head.W) + head.b
-        return (replace(head, h, args[0]), *args[1:])
-
-    handles = [
-        head.register_forward_pre_hook(keep_input),
-        head.ln.register_forward_pre_hook(swap),
-    ]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -228,6 +203,7 @@ def mlm_head_patch(model: Any, *, identity_eps: float = IDENTITY_EPS) -> Iterato
         yield
 
 
+# identity_rule … scale_grad live in rules.py; re-exported here, where they were defined before
 __all__ = [
     "IDENTITY_EPS",
     "VARIANTS",

@@ -6,6 +6,7 @@ Use them through ``model.hooks(fwd_hooks=...)`` (or inside ``model_guard``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -57,19 +58,22 @@ def embedding_mask_hook(
 
 
 def value_zeroing_hooks(
-    n_layers: int, token_mask: Bool[Tensor, "batch pos"]
+    n_layers: int, token_mask: Bool[Tensor, "batch pos"], layers: Sequence[int] | None = None
 ) -> list[tuple[str, HookFn]]:
-    """Zero the value vectors of the masked tokens at every layer (``attn.hook_v``).
+    """Zero the value vectors of the masked tokens at every layer (``attn.hook_v``), or only at
+    ``layers`` when given (Mohebbi et al. 2023 zero one layer at a time).
 
-    ``token_mask[b, j]`` True zeroes token j's values in item b (Mohebbi et al. 2023).
-    Works for grouped-query attention too (``hook_v`` holds the key/value heads).
+    ``token_mask[b, j]`` True zeroes token j's values in item b. The value vector includes the
+    value bias ``b_V``, as in the authors' code. Works for grouped-query attention too
+    (``hook_v`` holds the key/value heads).
     """
 
     def hook(v: Tensor, hook: Any) -> Tensor:
         keep = (~token_mask).to(device=v.device, dtype=v.dtype)
         return v * keep[:, :, None, None]
 
-    return [(hook_name("v", layer), hook) for layer in range(n_layers)]
+    chosen = range(n_layers) if layers is None else layers
+    return [(hook_name("v", layer), hook) for layer in chosen]
 
 
 def item_head_mask_hooks(

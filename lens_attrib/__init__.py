@@ -7,6 +7,7 @@ attr = attribute(model, "The keys to the cabinet", Target(" are", foil=" is"),
 """
 
 from lens_attrib.attribution import Attribution, load_attributions, save_attributions
+from lens_attrib.chat import ChatPrompt, chat_prompt
 from lens_attrib.classifiers import Classifier, load_classifier
 from lens_attrib.errors import (
     InputError,
@@ -27,6 +28,7 @@ __all__ = [
     "METHODS",
     "Attribution",
     "Batch",
+    "ChatPrompt",
     "Classifier",
     "InputError",
     "InputWarning",
@@ -39,6 +41,7 @@ __all__ = [
     "TargetError",
     "VerifyReport",
     "attribute",
+    "chat_prompt",
     "load_attributions",
     "load_classifier",
     "load_model",

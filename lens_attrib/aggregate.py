@@ -1,4 +1,4 @@
-"""Token relevances aggregated to words or to character spans.
+"""Token relevances aggregated to words, character spans or chat roles.
 
 Every real token of an item gets a character span in the item's text; tokens are grouped into
 units (words, or the user's spans) and each unit's relevance is a reduction over its tokens:
@@ -28,7 +28,14 @@ The result is an :class:`~lens_attrib.attribution.Attribution` whose ``tokens`` 
 (a unit is not a token: any use as ids fails loudly), the target position mapped to the unit that
 holds the explained token, ``parts`` dropped (method-specific layouts). ``meta["aggregation"]``
 records the unit and reduction; ``meta["unit_tokens"]`` (per item) the real-token positions of
-every unit and ``meta["unit_chars"]`` their character spans (``None`` for special tokens).
+every unit, ``meta["explained_token"]`` (per item) the real-token position of the explained token
+and ``meta["unit_chars"]`` their character spans (``None`` for special tokens).
+
+Chat roles (:func:`to_roles`): the units are the role segments of a chat prompt
+(:mod:`lens_attrib.chat`): every role (``by="role"``: all its segments together) or every segment
+(``by="turn"``), plus ``"generated"`` for the tokens after the prompt (a generation's earlier
+steps). Generations aggregate row by row (every step row has its own scores), so words, spans and
+roles all work on ``[step, pos]`` results, their layer scores and per-head token scores alike.
 """
 
 from __future__ import annotations
@@ -194,12 +201,14 @@ def aggregate(
                 out[b, ..., u] = reduce_last(values[b, ..., idx], reduce)
         return out
 
-    positions = []
+    positions, explained = [], []
     for b in range(n):
         real = torch.nonzero(attribution.mask[b]).flatten().tolist()
         at = real.index(int(attribution.target.positions[b])) if real else 0
+        explained.append(at)
+        holding = [u for u, g in enumerate(groups[b]) if at in g]  # units need not be contiguous
         starts = [min(g) for g in groups[b] if len(g)]
-        positions.append(max(0, sum(s <= at for s in starts) - 1))
+        positions.append(holding[0] if holding else max(0, sum(s <= at for s in starts) - 1))
     target = replace(
         attribution.target,
         positions=torch.tensor(positions, dtype=attribution.target.positions.dtype),
@@ -216,6 +225,7 @@ def aggregate(
         "dropped_parts": sorted(attribution.parts),
     }
     meta["unit_tokens"] = [[list(g) for g in item] for item in groups]
+    meta["explained_token"] = explained
     if chars is not None:
         meta["unit_chars"] = [list(c) for c in chars]
     return replace(
@@ -350,10 +360,87 @@ def to_spans(
     return aggregate(attribution, groups, names, reduce, "span", chars)
 
 
+def _chat_rows(attribution: Attribution, chat: Any) -> list[tuple[list[dict[str, Any]], Any]]:
+    """Per row: the chat segments (dicts with role, start, end, message) and the prompt's ids
+    (``None`` when read from ``meta["chat"]``, which the same call recorded)."""
+    from lens_attrib.chat import ChatPrompt
+    from lens_attrib.tidy import is_generation, step_labels
+
+    n = len(attribution)
+    if chat is None:
+        recorded = attribution.meta.get("chat")
+        if not isinstance(recorded, list) or len(recorded) != n:
+            raise ValueError(
+                "to_roles needs the chat segments: explain a lens_attrib.chat_prompt(...) "
+                "(attribute(model, chat_prompt(model, messages), ...) records them), or pass "
+                "chat=the ChatPrompt."
+            )
+        return [(list(r), None) for r in recorded]
+    prompts = [chat] if isinstance(chat, ChatPrompt) else list(chat)
+    if not all(isinstance(p, ChatPrompt) for p in prompts):
+        raise ValueError(f"chat must be a ChatPrompt or a list of them, got {chat!r}.")
+    if len(prompts) == 1:
+        owners = [0] * n
+    elif is_generation(attribution):
+        owners = [b for b, _ in step_labels(attribution)]
+    else:
+        owners = list(range(n)) if len(prompts) == n else [len(prompts)]
+    if max(owners, default=0) >= len(prompts):
+        raise ValueError(
+            f"{len(prompts)} chat prompts for an Attribution of {n} rows: pass one ChatPrompt, "
+            "or one per item (per prompt for a generation)."
+        )
+    return [(prompts[b].records(), list(prompts[b].ids)) for b in owners]
+
+
+def to_roles(
+    attribution: Attribution,
+    chat: Any = None,
+    reduce: str = "sum",
+    *,
+    by: str = "role",
+) -> Attribution:
+    """Aggregate tokens to the roles of a chat prompt (module docstring).
+
+    ``chat``: the :class:`~lens_attrib.chat.ChatPrompt` the Attribution explains (or one per
+    item, per prompt for a generation); default ``meta["chat"]`` (recorded when the
+    ChatPrompt was the input). ``by="role"``: one unit per role (``"template"``, ``"system"``,
+    ``"user"``, ``"assistant"``, … in order of first appearance, each the union of its
+    segments), ``by="turn"``: one unit per segment (labelled ``role[message index]``). Tokens
+    after the prompt (a continuation's earlier tokens) form the unit ``"generated"``.
+    """
+    if by not in ("role", "turn"):
+        raise ValueError(f"to_roles(by=...) takes 'role' or 'turn', got {by!r}.")
+    rows = _chat_rows(attribution, chat)
+    groups, labels = [], []
+    for b, (segments, prompt) in enumerate(rows):
+        _, ids = _real(attribution, b)
+        length = max(int(seg["end"]) for seg in segments)
+        if len(ids) < length or (prompt is not None and ids[:length] != prompt):
+            raise ValueError(
+                f"Item {b}'s tokens do not begin with its chat prompt's {length} tokens: pass "
+                "the ChatPrompt this Attribution explains."
+            )
+        units: dict[str, list[int]] = {}
+        for seg in segments:
+            name = seg["role"]
+            if by == "turn":
+                name = f"{seg['role']}[{seg['message']}]" if seg["message"] is not None else name
+                while name in units:  # e.g. two template segments
+                    name += "'"
+            units.setdefault(name, []).extend(range(int(seg["start"]), int(seg["end"])))
+        if len(ids) > length:
+            units["generated"] = list(range(length, len(ids)))
+        groups.append(list(units.values()))
+        labels.append(list(units))
+    return aggregate(attribution, groups, labels, reduce, f"chat {by}")
+
+
 __all__ = [
     "REDUCTIONS",
     "aggregate",
     "reduce_last",
+    "to_roles",
     "to_spans",
     "to_words",
     "token_chars",

@@ -43,6 +43,10 @@ class Arch:
     n_ctx: int
     d_mlp: int = 0
     class_head: bool = False
+    moe: bool = False
+    logit_soft_cap: float = 0.0
+    attn_soft_cap: float = 0.0
+    post_norms: bool = False
     backend: str = "hooked"
 
     @property
@@ -85,12 +89,22 @@ class Arch:
             "gated_mlp": self.gated_mlp,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
+            "moe": self.moe,
+            "logit_soft_cap": self.logit_soft_cap,
+            "attn_soft_cap": self.attn_soft_cap,
+            "post_norms": self.post_norms,
         }
+
+
+def soft_cap(cap: float | None) -> float:
+    """A soft-cap ``c`` (``c·tanh(x/c)``) when active, else 0 (TransformerLens: ``-1``/``None``)."""
+    return float(cap) if cap is not None and cap > 0 else 0.0
 
 
 CLASS_HEAD = "lens_attrib_class_head"
 """Attribute (a registered submodule) holding the sequence-classification head a loaded
-``*ForSequenceClassification`` checkpoint came with (:mod:`lens_attrib.heads`)."""
+``*ForSequenceClassification`` checkpoint came with
+(:mod:`lens_attrib.classifiers.checkpoint_head`)."""
 
 
 def attached_head(model: Any) -> Head | None:

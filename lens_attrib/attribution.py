@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lens_attrib import display
 from lens_attrib.target import ResolvedTarget
 
 _META_NOT_PER_ITEM = {
@@ -20,8 +21,26 @@ _META_NOT_PER_ITEM = {
     "generated_ids",
     "generated_tokens",
     "step_aggregate",
+    "prompt_length",
+    "steps",
+    "sampling",
+    "contrast_ids",
+    "contrast_tokens",
+    "contrast_alignments",
 }
-"""Meta entries that describe the whole call, never one value per item."""
+"""Meta entries that describe the whole call, never one value per item (a generation's
+per-prompt entries included: its items are step rows, ``meta["step_prompt"]`` says whose)."""
+
+_PER_PROMPT = (
+    "prompt_length",
+    "generated_ids",
+    "generated_tokens",
+    "steps",
+    "contrast_ids",
+    "contrast_tokens",
+    "contrast_alignments",
+)
+"""Generation meta with one entry per prompt when a batch of prompts was explained."""
 
 
 @dataclass
@@ -39,7 +58,8 @@ class Attribution:
     head_scores:       optional ``[batch, layer, head]`` per-head relevances.
     head_token_scores: optional ``[batch, layer, head, pos]`` per-head-per-token relevances.
     parts:             optional named non-token parts (e.g. ALTI-Logit's MLP contributions).
-    meta:              dtype, seconds, options, and method-specific facts.
+    meta:              dtype, seconds, options, and method-specific facts; every key, its meaning
+                       and its writers are in :data:`lens_attrib.meta_keys.META_KEYS`.
     token_types:       encoders: ``[batch, pos]`` segment ids the model was run with (sentence
                        pairs); ``None`` is segment 0 everywhere.
     """
@@ -80,6 +100,15 @@ class Attribution:
                 return value[idx.to(value.device)]
             if isinstance(value, list) and len(value) == n and n > 1:
                 return [value[int(i)] for i in idx]
+            if (
+                isinstance(value, dict)
+                and value
+                and all(
+                    isinstance(v, Tensor) and v.ndim >= 1 and v.shape[0] == n
+                    for v in value.values()
+                )
+            ):  # step_scores: one tensor of rows per score
+                return {k: v[idx.to(v.device)] for k, v in value.items()}
             return value
 
         return replace(
@@ -98,6 +127,38 @@ class Attribution:
                 k: (per_item(v) if k not in _META_NOT_PER_ITEM else v) for k, v in self.meta.items()
             },
         )
+
+    def prompt_steps(self, prompt: int = 0) -> Attribution:
+        """The step rows of one prompt of a generation (``Target(generate=N)`` or
+        ``Target(continuation=...)``), as if that prompt had been explained alone: rows in step
+        order, and the per-prompt ``meta`` entries (``prompt_length``, ``generated_ids``,
+        ``steps``, …) that prompt's own. ``attr[i]`` by contrast selects rows (steps) and
+        keeps the per-prompt entries of the whole batch, with ``meta["step_prompt"]`` /
+        ``meta["step_index"]`` saying whose step each row is."""
+        from lens_attrib.tidy import is_generation, step_labels
+
+        if not is_generation(self):
+            raise ValueError(
+                "prompt_steps() selects the steps of one prompt of a generation; this "
+                f"{self.method!r} Attribution explains no Target(generate=N) or "
+                "Target(continuation=...): index its items with attr[i]."
+            )
+        labels = step_labels(self)
+        prompts = sorted({b for b, _ in labels})
+        if prompt not in prompts:
+            raise IndexError(f"prompt={prompt!r} is not one of this Attribution's {prompts}.")
+        rows = sorted(
+            (r for r, (b, _) in enumerate(labels) if b == prompt), key=lambda r: labels[r][1]
+        )
+        picked = self[rows]
+        meta = dict(picked.meta)
+        batched = isinstance(self.meta.get("prompt_length"), list)
+        for key in _PER_PROMPT:
+            if batched and key in meta:
+                meta[key] = meta[key][prompt]
+        meta["step_prompt"] = [0] * len(rows)
+        meta["step_index"] = [labels[r][1] for r in rows]
+        return replace(picked, meta=meta)
 
     def check_item(self, item: Any, who: str = "item") -> int:
         """``item`` as an index of this Attribution; else an error naming the valid range."""
@@ -172,15 +233,12 @@ class Attribution:
         )
 
     # ----------------------------------------------------------------- display
-    def _target_label(self, item: int) -> str:
-        meta_tokens = self.meta.get("target_tokens")
-        if meta_tokens:
-            label = repr(meta_tokens[item])
-            foils = self.meta.get("foil_tokens")
-            if foils:
-                label += f" − {foils[item]!r}"
-            return label
-        return f"id {int(self.target.token_ids[item])}"
+    def explained_label(self, item: int = 0) -> str:
+        """What ``item``'s scores explain, as display text (not escaped): the target token,
+        ``' were' − ' was'`` for a contrastive target, a class name of a class head, or
+        ``target-free (…)`` for a method whose scores ignore the target token
+        (:func:`lens_attrib.display.explained_label`)."""
+        return display.explained_label(self, self.check_item(item))
 
     def to_html(self, item: int | None = None) -> str:
         """Tokens coloured by signed relevance, one row per item (``item``: just that one).
@@ -228,6 +286,12 @@ class Attribution:
 
         return plot.head_heatmap(self, item=item, **kwargs)
 
+    def plot_steps(self, prompt: int = 0, **kwargs: Any) -> Any:
+        """Plotly figure: step × token heatmap of a generation (:func:`plot.step_heatmap`)."""
+        from lens_attrib import plot
+
+        return plot.step_heatmap(self, prompt=prompt, **kwargs)
+
     # ------------------------------------------------------------- files, tables, words
     def save(self, path: str | Path) -> Path:
         """Write to one ``.safetensors`` file (tensors) with a JSON header (everything else).
@@ -251,8 +315,9 @@ class Attribution:
 
         ``what``: ``"scores"`` (columns item, [step], position, token, token_id, target, score),
         ``"layer_scores"`` (+ layer), ``"head_scores"`` (item, [step], layer, head, target,
-        score) or ``"head_token_scores"`` (+ layer, head). ``step`` appears for
-        ``Target(generate=N)`` results, whose rows are the steps of one prompt (item 0).
+        score) or ``"head_token_scores"`` (+ layer, head). ``step`` appears for generations
+        (``Target(generate=N)`` / ``Target(continuation=...)``), whose rows are steps: ``item``
+        is then the prompt and ``step`` the step within its continuation.
         See :func:`lens_attrib.tidy.to_pandas`.
         """
         from lens_attrib.tidy import to_pandas
@@ -270,6 +335,12 @@ class Attribution:
         from lens_attrib.aggregate import to_spans
 
         return to_spans(self, spans, reduce, **kwargs)
+
+    def to_roles(self, chat: Any = None, reduce: str = "sum", **kwargs: Any) -> Attribution:
+        """Scores aggregated to chat roles (:func:`lens_attrib.aggregate.to_roles`)."""
+        from lens_attrib.aggregate import to_roles
+
+        return to_roles(self, chat, reduce, **kwargs)
 
 
 def save_attributions(

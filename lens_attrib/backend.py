@@ -42,6 +42,9 @@ BACKEND_INTERFACE = (
     "forward_kwargs",
     "final_residual",
     "embedding_forward",
+    "block_forward",
+    "residual_before",
+    "residual_from",
     "lm_head",
     "pre_unembed",
     "unembedding",
@@ -60,6 +63,10 @@ BACKEND_INTERFACE = (
 - ``forward_kwargs(arch, mask, padded, token_types)``: the attention-mask keywords of a forward;
 - ``final_residual(model, arch, tokens, mask, padded, token_types)``: the residual stream after
   the last block (the caller's hooks fire), ``embedding_forward(...)``: only the embedding;
+- ``block_forward(model, arch, layer, resid, mask, padded)``: one block alone;
+  ``residual_before(model, arch, layer, tokens, mask, padded, token_types)``: the residual
+  entering a block; ``residual_from(model, arch, resid, layer, mask)``: the blocks from ``layer``
+  on (bounds and padding checked by :mod:`lens_attrib.backend` before dispatch);
 - ``lm_head(model, arch)``, ``pre_unembed(model, arch)``, ``final_norm(model)``: the head-on-top;
 - ``unembedding(model)``, ``token_embedding_matrix(model, arch)``, ``block(model, layer)``,
   ``value_weights(attn, n_v_heads)``, ``norm_params(module)``: weights, in TransformerLens 3.9's
@@ -103,6 +110,31 @@ def arch_of(model: Any) -> Arch:
 def layer_norm_activation(model: Any) -> bool:
     """Whether the MLP activation is a LayerNorm activation (SoLU), which is not element-wise."""
     return bool(backend_module(model).layer_norm_activation(model))
+
+
+ARCHITECTURE_LIMITS: dict[str, dict[str, str]] = {
+    "moe": {
+        "deeplift": "DeepLIFT's Rescale multipliers compare each expert's activations with the "
+        "baseline's, but the baseline routes tokens to other experts. Use "
+        "'integrated_gradients' (same path-based idea, any routing) or 'attnlrp'.",
+    },
+    "post_norms": {
+        name: "its decomposition of the attention block ignores the RMSNorm applied to the "
+        "attention output before the residual (Gemma 2's post-attention norm). Use "
+        "'value_zeroing' (token mixing from the forward itself) or 'integrated_gradients'."
+        for name in ("alti", "alti_logit")
+    },
+    **{
+        fact: {
+            name: "it has no relevance rule for the tanh soft-capping of attention scores and "
+            "logits (Gemma 2: c·tanh(x/c); LXT has none either), and the plain gradient through "
+            "it does not conserve. Use 'integrated_gradients' or 'grad_x_input'."
+            for name in ("lrp", "attnlrp")
+        }
+        for fact in ("attn_soft_cap", "logit_soft_cap")
+    },
+}
+"""Architecture fact → method → why it does not apply and which method does."""
 
 
 def backward_bytes_per_row(arch: Arch, length: int) -> int:
@@ -230,6 +262,19 @@ def final_residual(
     return cast(Tensor, impl.final_residual(model, arch, tokens, mask, padded, token_types))
 
 
+def block_forward(
+    model: Any, arch: Arch, layer: int, resid: Tensor, mask: Tensor, padded: bool
+) -> Float[Tensor, "batch pos d_model"]:
+    """Block ``layer`` alone on its input ``resid`` (hooks inside the block fire); returns what
+    the block returns, i.e. the next block's input (``resid_hook_names(arch)[layer]``).
+
+    ``mask``: the real positions of the rows (decoders need it only when ``padded``: left
+    padding shifts rotary positions and hides padding keys, as in the full forward).
+    """
+    impl = backend_module(arch)
+    return cast(Tensor, impl.block_forward(model, arch, layer, resid, mask, padded))
+
+
 def embedding_forward(
     model: Any,
     arch: Arch,
@@ -240,6 +285,38 @@ def embedding_forward(
 ) -> None:
     """Run only the embedding (hooks on it fire; ``token_types``: an encoder's segment ids)."""
     backend_module(arch).embedding_forward(model, arch, tokens, mask, padded, token_types)
+
+
+def residual_before(
+    model: Any,
+    arch: Arch,
+    layer: int,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
+) -> Float[Tensor, "batch pos d_model"]:
+    """The residual stream entering block ``layer`` (``0``: the embedding output; ``n_layers``:
+    the final residual, as :func:`final_residual`), one forward pass through the blocks below."""
+    if not 0 <= layer <= arch.n_layers:
+        raise ValueError(f"layer must be between 0 and {arch.n_layers}, got {layer}")
+    impl = backend_module(arch)
+    return cast(Tensor, impl.residual_before(model, arch, layer, tokens, mask, padded, token_types))
+
+
+def residual_from(
+    model: Any, arch: Arch, resid: Tensor, layer: int, mask: Tensor
+) -> Float[Tensor, "batch pos d_model"]:
+    """The final residual, running blocks ``layer … n_layers − 1`` on ``resid`` (the residual
+    entering block ``layer``, :func:`residual_before`). Items are *right*-padded, ``mask`` marks
+    the real positions: encoders mask the padded keys; decoders need no mask (causal attention
+    never lets a real position see the padding after it, and positions count from 0)."""
+    if not 0 <= layer <= arch.n_layers:
+        raise ValueError(f"layer must be between 0 and {arch.n_layers}, got {layer}")
+    real = mask.long()
+    if bool((real[:, 1:] > real[:, :-1]).any()):
+        raise ValueError("residual_from takes right-padded items (real positions first)")
+    return cast(Tensor, backend_module(arch).residual_from(model, arch, resid, layer, mask))
 
 
 def lm_head(model: Any, arch: Arch) -> Head:
@@ -260,8 +337,17 @@ def default_head(model: Any, arch: Arch) -> Head:
 
 # --------------------------------------------------------------------------- weights
 def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Tensor, "d_vocab"]]:
-    """``W_U`` and ``b_U`` of the LM head."""
+    """``W_U`` and ``b_U`` of the LM head, the linear map from ``ln_final``'s output to logits.
+
+    A soft-capped head (Gemma 2: ``logit = c·tanh(u/c)``) is not linear: methods that read the
+    logit as ``ln_final(x)·W_U + b_U`` get a :class:`TargetError` that says what applies.
+    """
     return cast("tuple[Tensor, Tensor]", backend_module(model).unembedding(model))
+
+
+def vocab_size(model: Any) -> int:
+    """Number of token logits of the LM head (soft-capped or not)."""
+    return int(model.unembed.W_U.shape[-1])
 
 
 def token_embedding_matrix(model: Any, arch: Arch) -> Float[Tensor, "d_vocab d_model"]:
@@ -336,7 +422,7 @@ def processing_signatures(model: Any, arch: Arch) -> list[str]:
         found.append("fold_ln (the norms' weights were folded into the next layers)")
     with torch.no_grad():
         if arch.lm_head and not arch.encoder:
-            w_u = unembedding(model)[0].detach()
+            w_u = model.unembed.W_U.detach()
             if w_u.shape[-1] > 1 and _centred(w_u):
                 found.append("center_unembed (the unembedding was centred over the vocabulary)")
         w_e = token_embedding_matrix(model, arch).detach()
@@ -361,20 +447,36 @@ def check_applies_to(name: str, arch: Arch, decoder: bool, encoder: bool, instea
     """Raise a ModelError naming the right method when ``name`` does not fit the architecture."""
     if (arch.encoder and not encoder) or (not arch.encoder and not decoder):
         hint = f" Use {instead!r} instead." if instead else ""
+        if instead and architecture_limit(instead, arch):
+            hint = f" Nor does {instead!r} here: {architecture_limit(instead, arch)}"
         raise ModelError(f"Method {name!r} does not apply to a {arch.kind} model.{hint}")
+    reason = architecture_limit(name, arch)
+    if reason:
+        raise ModelError(f"Method {name!r} does not apply to this model: {reason}")
+
+
+def architecture_limit(name: str, arch: Arch) -> str | None:
+    """Why method ``name`` does not apply to ``arch`` (:data:`ARCHITECTURE_LIMITS`), or None."""
+    for fact, refused in ARCHITECTURE_LIMITS.items():
+        if getattr(arch, fact) and name in refused:
+            return f"({fact}={getattr(arch, fact)}) {refused[name]}"
+    return None
 
 
 __all__ = [
+    "ARCHITECTURE_LIMITS",
     "BACKEND_INTERFACE",
     "CLASS_HEAD",
     "EMBEDDINGS",
     "Arch",
     "Head",
     "arch_of",
+    "architecture_limit",
     "attached_head",
     "attn_hook",
     "backend_module",
     "block",
+    "block_forward",
     "call_context",
     "check_applies_to",
     "default_head",
@@ -400,8 +502,11 @@ __all__ = [
     "processing_signatures",
     "query_key_hooks",
     "resid_hook_names",
+    "residual_before",
+    "residual_from",
     "token_embedding_hook",
     "token_embedding_matrix",
     "unembedding",
     "value_weights",
+    "vocab_size",
 ]

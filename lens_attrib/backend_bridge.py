@@ -33,6 +33,13 @@ means something else on the bridge, this module maps it:
 - ``hook_resid_mid`` on the bridge is the MLP's input only (an edit there does not reach the
   residual stream): no method hooks it.
 
+Not supported yet, each with a :class:`~lens_attrib.errors.ModelError` naming
+``backend="hooked"``: mixture-of-experts bridges (:func:`arch_of`; the MoE LRP rule hooks
+TransformerLens 3.9's expert modules) and a forward split at a block (:func:`block_forward`,
+:func:`residual_before`, :func:`residual_from`: value zeroing, frozen-prefix training). The
+logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward applies it after
+``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked backend does.
+
 Encoder bridges (BERT) are not supported yet: :func:`arch_of` raises, naming
 ``load_model(..., backend="hooked")`` under TransformerLens 3.9.
 
@@ -52,7 +59,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import Arch, Head, attached_head, has_lm_head
+from lens_attrib.arch import Arch, Head, attached_head, has_lm_head, soft_cap
 from lens_attrib.errors import ModelError, TargetError
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -74,6 +81,13 @@ def arch_of(model: Any) -> Arch:
             "3.9 with load_model(folder, backend='hooked')."
         )
     cfg = model.cfg
+    if getattr(cfg, "num_experts", None):
+        raise ModelError(
+            f"TransformerBridge around {type(model.original_model).__name__}: mixture-of-experts "
+            "bridges are not supported (the MoE relevance rule hooks TransformerLens 3.9's "
+            "expert modules). Load this model under TransformerLens 3.9 with "
+            "load_model(folder, backend='hooked')."
+        )
     dtype = next(model.parameters()).dtype
     return Arch(
         encoder=False,
@@ -91,6 +105,9 @@ def arch_of(model: Any) -> Arch:
         n_ctx=int(cfg.n_ctx),
         d_mlp=int(cfg.d_mlp or 0),
         class_head=attached_head(model) is not None,
+        logit_soft_cap=soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
+        attn_soft_cap=soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
+        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
         backend="bridge",
     )
 
@@ -171,14 +188,53 @@ def embedding_forward(
     model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
 
 
+def _not_on_bridge(what: str) -> ModelError:
+    return ModelError(
+        f"{what} is not supported on a TransformerBridge yet (the bridge's "
+        "start_at_layer/stop_at_layer differ from TransformerLens 3.9's: stop_at_layer=n_layers "
+        "returns logits, and a split forward is not checked against the whole one here). Load "
+        "the model with load_model(..., backend='hooked') under TransformerLens 3.9 for this "
+        "(value zeroing, frozen-prefix classifier training)."
+    )
+
+
+def block_forward(
+    model: Any, arch: Arch, layer: int, resid: Tensor, mask: Tensor, padded: bool
+) -> Float[Tensor, "batch pos d_model"]:
+    """Not supported on the bridge: raises a :class:`ModelError` naming the hooked backend."""
+    raise _not_on_bridge("Running one block alone (block_forward)")
+
+
+def residual_before(
+    model: Any,
+    arch: Arch,
+    layer: int,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
+) -> Float[Tensor, "batch pos d_model"]:
+    """Not supported on the bridge: raises a :class:`ModelError` naming the hooked backend."""
+    raise _not_on_bridge("Splitting the forward at a block (residual_before)")
+
+
+def residual_from(
+    model: Any, arch: Arch, resid: Tensor, layer: int, mask: Tensor
+) -> Float[Tensor, "batch pos d_model"]:
+    """Not supported on the bridge: raises a :class:`ModelError` naming the hooked backend."""
+    raise _not_on_bridge("Running the blocks from a given layer on (residual_from)")
+
+
 def lm_head(model: Any, arch: Arch) -> Head:
-    """``ln_final`` + ``unembed``."""
+    """``ln_final`` + ``unembed`` (+ the logit soft-cap ``c·tanh(u/c)`` where the model has one)."""
     if not arch.lm_head:  # pragma: no cover - encoders are refused by arch_of
         raise TargetError("This model has no LM head: pass Target(head=...).")
     final = pre_unembed(model, arch)
+    cap = arch.logit_soft_cap  # the bridge applies it after ``unembed``, in its forward
 
     def decoder_head(x: Tensor) -> Tensor:
-        return cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
+        logits = cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
+        return cap * torch.tanh(logits / cap) if cap else logits  # Gemma 2's logit soft-cap
 
     return decoder_head
 
@@ -191,7 +247,12 @@ def pre_unembed(model: Any, arch: Arch) -> Head:
 
 # --------------------------------------------------------------------------- weights
 def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Tensor, "d_vocab"]]:
-    """``W_U [d_model, d_vocab]`` and ``b_U`` (zeros where the LM head has no bias)."""
+    """``W_U [d_model, d_vocab]`` and ``b_U`` (zeros where the LM head has no bias); a
+    soft-capped head is refused as on TransformerLens 3.9
+    (:func:`lens_attrib.backend_hooked.refuse_soft_capped`)."""
+    from lens_attrib.backend_hooked import refuse_soft_capped
+
+    refuse_soft_capped(soft_cap(getattr(model.cfg, "output_logits_soft_cap", None)))
     w_u = cast(Tensor, model.unembed.W_U)
     b_u = getattr(model.unembed, "b_U", None)
     if b_u is None:

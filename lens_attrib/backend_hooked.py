@@ -17,8 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import Arch, Head, attached_head, has_lm_head
-from lens_attrib.errors import TargetError
+from lens_attrib.arch import Arch, Head, attached_head, has_lm_head, soft_cap
+from lens_attrib.errors import ModelError, TargetError
 
 
 # --------------------------------------------------------------------------- architecture facts
@@ -52,6 +52,10 @@ def arch_of(model: Any) -> Arch:
         n_ctx=int(cfg.n_ctx),
         d_mlp=int(cfg.d_mlp or 0),
         class_head=attached_head(model) is not None,
+        moe=bool(getattr(cfg, "num_experts", None)),
+        logit_soft_cap=soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
+        attn_soft_cap=soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
+        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
     )
 
 
@@ -103,6 +107,73 @@ def embedding_forward(
         model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
 
 
+def block_forward(
+    model: Any, arch: Arch, layer: int, resid: Tensor, mask: Tensor, padded: bool
+) -> Float[Tensor, "batch pos d_model"]:
+    """Block ``layer`` alone on its input ``resid`` (hooks inside the block fire); returns what
+    the block returns, i.e. the next block's input (``resid_hook_names(arch)[layer]``).
+
+    ``mask``: the real positions of the rows (decoders need it only when ``padded``: left
+    padding shifts rotary positions and hides padding keys, as in the full forward).
+    """
+    if arch.encoder:
+        additive = torch.where(mask[:, None, None, :].bool(), 0.0, -torch.inf)
+        return cast(Tensor, model.blocks[layer](resid, additive))
+    if arch.positional == "shortformer":
+        raise ModelError(
+            "Running one block alone is not supported for shortformer positional embeddings "
+            "(the positions enter every block); use a model with standard or rotary positions."
+        )
+    kwargs = {"attention_mask": mask.long()} if padded else {}
+    return cast(Tensor, model(resid, start_at_layer=layer, stop_at_layer=layer + 1, **kwargs))
+
+
+def _encoder_key_mask(mask: Tensor) -> Tensor | None:
+    """The additive key mask TransformerLens' ``HookedEncoder`` builds (``-inf`` on padding),
+    ``None`` when every position is real."""
+    if bool(mask.all()):
+        return None
+    return torch.where(mask[:, None, None, :], 0.0, -torch.inf)
+
+
+def residual_before(
+    model: Any,
+    arch: Arch,
+    layer: int,
+    tokens: Tensor,
+    mask: Tensor,
+    padded: bool,
+    token_types: Tensor | None = None,
+) -> Float[Tensor, "batch pos d_model"]:
+    """The residual stream entering block ``layer`` (``0``: the embedding output; ``n_layers``:
+    the final residual, as :func:`final_residual`), one forward pass through the blocks below."""
+    if arch.encoder:
+        resid = model.hook_full_embed(model.embed(tokens, token_types))
+        key_mask = _encoder_key_mask(mask)
+        for blk in model.blocks[:layer]:
+            resid = blk(resid, key_mask)
+        return cast(Tensor, resid)
+    return cast(Tensor, model(tokens, stop_at_layer=layer, **forward_kwargs(arch, mask, padded)))
+
+
+def residual_from(
+    model: Any, arch: Arch, resid: Tensor, layer: int, mask: Tensor
+) -> Float[Tensor, "batch pos d_model"]:
+    """The final residual, running blocks ``layer … n_layers − 1`` on ``resid`` (the residual
+    entering block ``layer``, :func:`residual_before`). Items are *right*-padded (checked by
+    :func:`lens_attrib.backend.residual_from`), ``mask`` marks
+    the real positions: encoders mask the padded keys; decoders need no mask (causal attention
+    never lets a real position see the padding after it, and positions count from 0)."""
+    if arch.encoder:
+        key_mask = _encoder_key_mask(mask)
+        for blk in model.blocks[layer:]:
+            resid = blk(resid, key_mask)
+        return resid
+    if layer == arch.n_layers:
+        return resid
+    return cast(Tensor, model(resid, start_at_layer=layer, stop_at_layer=arch.n_layers))
+
+
 def lm_head(model: Any, arch: Arch) -> Head:
     """``ln_final`` + ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
     if arch.encoder:
@@ -120,9 +191,11 @@ def lm_head(model: Any, arch: Arch) -> Head:
         return encoder_head
 
     final = pre_unembed(model, arch)  # ln_final; the identity for models without norms
+    cap = arch.logit_soft_cap
 
     def decoder_head(x: Tensor) -> Tensor:
-        return cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
+        logits = cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
+        return cap * torch.tanh(logits / cap) if cap else logits  # Gemma 2's logit soft-cap
 
     return decoder_head
 
@@ -137,8 +210,23 @@ def pre_unembed(model: Any, arch: Arch) -> Head:
 
 # --------------------------------------------------------------------------- weights
 def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Tensor, "d_vocab"]]:
-    """``W_U`` and ``b_U`` of the LM head."""
+    """``W_U`` and ``b_U`` of the LM head (a soft-capped head: :func:`refuse_soft_capped`)."""
+    refuse_soft_capped(soft_cap(getattr(model.cfg, "output_logits_soft_cap", None)))
     return model.unembed.W_U, model.unembed.b_U
+
+
+def refuse_soft_capped(cap: float) -> None:
+    """A :class:`TargetError` when the logits are soft-capped (``cap > 0``): not linear in
+    ``ln_final``'s output, so ``W_U``/``b_U`` do not give them."""
+    if cap:
+        raise TargetError(
+            f"This model soft-caps its logits (logit = {cap:g}·tanh(u/{cap:g}), Gemma 2), so they "
+            "are not a linear function of the final residual, which this method (ALTI-Logit, "
+            "LogAt, NormXLogit) decomposes. Use a method that takes the head as it is "
+            "('integrated_gradients', 'grad_x_input', 'value_zeroing'), or pass "
+            "Target(head=...) with a linear head (e.g. a lens_attrib.classifiers.LinearHead of "
+            "ln_final and W_U) to explain the logit before the cap."
+        )
 
 
 def token_embedding_matrix(model: Any, arch: Arch) -> Float[Tensor, "d_vocab d_model"]:

@@ -294,11 +294,14 @@ def _fused_attention_output(
     k_ = einops.rearrange(k, "batch pos head d_head -> batch head pos d_head")
     v_ = einops.rearrange(v, "batch pos head d_head -> batch head pos d_head")
     allowed: torch.Tensor | None = None
+    n_q, n_k = q_.shape[-2], k_.shape[-2]
     if attention_mask is not None:
         allowed = attention_mask[:, None, None, :].bool()
         if causal:
-            n_q, n_k = q_.shape[-2], k_.shape[-2]
             allowed = allowed & attn._make_causal_mask(n_q, n_k, 0, q_.device)
+    elif causal and getattr(attn, "attn_type", "global") == "local":
+        # sliding window (Mistral, Phi-3): the kernel's is_causal knows no window
+        allowed = attn._make_causal_mask(n_q, n_k, 0, q_.device)
     mixed = F.scaled_dot_product_attention(
         q_,
         k_,

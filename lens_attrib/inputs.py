@@ -617,7 +617,7 @@ def start_token_of(
     the experiments, the evidence positions of data items
     (:func:`~lens_attrib.data.item_evidence_positions`), the classifiers' training and
     explanation, and Integrated Gradients' / DeepLIFT's attention sink
-    (:func:`~lens_attrib.methods.gradient.sink_token_id`).
+    (:func:`~lens_attrib.methods.baselines.sink_token_id`).
 
     Order of precedence:
 

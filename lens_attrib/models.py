@@ -11,7 +11,8 @@
   ``HookedEncoder`` (BERT, post-LN, 6 layers, d_model 384). It ships the encoder only, with **no
   masked-LM head**: methods that read token logits refuse it; pass a class head instead.
 - a local Hugging Face folder (``config.json`` + weights, as ``save_pretrained`` writes it):
-  GPT-2, Llama, GPT-NeoX/Pythia (and the other causal LMs TransformerLens converts) become a
+  GPT-2, Llama, GPT-NeoX/Pythia, Mistral, Qwen2/3, Phi-3, Mixtral (and the other causal LMs
+  TransformerLens converts), Gemma and Gemma 2 (:mod:`lens_attrib.architectures`) become a
   ``HookedTransformer``; BERT becomes a ``HookedEncoder`` (``BertForMaskedLM`` with its MLM head,
   ``BertModel`` the encoder only);
 - otherwise a TransformerLens official model name, loaded from the hub (online users).
@@ -53,6 +54,15 @@ from typing import Any
 
 import torch
 
+from lens_attrib.architectures import (
+    GEMMA_ARCHITECTURES,
+    architecture_name,
+    check_converter_limits,
+    parameters_in_dtype,
+    use_exact_moe,
+    without_rms_biases,
+)
+from lens_attrib.architectures import convert as convert_gemma
 from lens_attrib.backend import arch_of
 from lens_attrib.errors import ModelError
 from lens_attrib.fastpath import enable_fast_forward
@@ -413,8 +423,10 @@ def build_decoder(cfg: Any, state_dict: Mapping[str, torch.Tensor], tokenizer: A
         model = HookedTransformer(
             cfg, tokenizer=keep_tokenizer_as_is(tokenizer), move_to_device=False
         )
+    parameters_in_dtype(model, cfg.dtype)  # MoE routers/experts are nn.Linear in float32
     load_weights_exactly(model, state_dict)
     buffers_in_dtype(model, cfg.dtype)
+    use_exact_moe(model)  # router softmax in the model's precision (float64 stays float64)
     return model
 
 
@@ -813,9 +825,9 @@ def load_encoder_folder(
     - ``*ForMaskedLM`` keeps its MLM head (token logits, the transform's own activation);
       ``*Model`` and the classifier have none (``lens_attrib_no_lm_head``).
     - ``*ForSequenceClassification`` brings its head (BERT: pooler + tanh + classifier; RoBERTa:
-      classifier.dense + tanh + out_proj) as :class:`lens_attrib.heads.ClassifierHead` with the
-      ``id2label`` names, attached to the model: it is the default ``Target`` head, read at
-      ``[CLS]`` (:func:`lens_attrib.heads.with_model_head`).
+      classifier.dense + tanh + out_proj) as :class:`lens_attrib.classifiers.ClassifierHead` with
+      the ``id2label`` names, attached to the model: it is the default ``Target`` head, read at
+      ``[CLS]`` (:func:`lens_attrib.classifiers.with_model_head`).
     - RoBERTa numbers positions from ``pad_token_id + 1``: the table is stored from that row, so
       position ``i`` of the input reads the checkpoint's row ``pad_token_id + 1 + i``.
     - The segment table keeps the checkpoint's size (2 for BERT, 1 for RoBERTa).
@@ -829,7 +841,7 @@ def load_encoder_folder(
         AutoModelForSequenceClassification,
     )
 
-    from lens_attrib.heads import attach_class_head, class_head_of
+    from lens_attrib.classifiers.checkpoint_head import attach_class_head, class_head_of
 
     hf_config = AutoConfig.from_pretrained(folder)
     kind = encoder_kind(hf_config)
@@ -892,8 +904,13 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     hf_config = AutoConfig.from_pretrained(path)
     if encoder_kind(hf_config) is not None:
         return load_encoder_folder(path, dtype)
+    check_converter_limits(hf_config)  # settings TransformerLens would silently ignore
     tokenizer = folder_tokenizer(path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if architecture_name(hf_config) in GEMMA_ARCHITECTURES:  # TransformerLens 3.9: by name only
+        cfg, state_dict = convert_gemma(hf_config, hf_model, dtype, path.name)
+        cfg.tokenizer_name = None
+        return build_decoder(cfg, state_dict, tokenizer)
     config = transformer_lens_hf_config(hf_config)
     # TransformerLens infers some architectures from substrings of the name ("llama", "gemma"):
     # it reads the config through a neutral folder name so that config.json decides.
@@ -901,15 +918,36 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
         neutral = Path(tmp) / "local-checkpoint"
         neutral.mkdir()
         (neutral / "config.json").write_text(json.dumps(config))
-        cfg = loading_from_pretrained.get_pretrained_model_config(
-            str(neutral), hf_cfg=config, fold_ln=False, device="cpu", dtype=dtype
-        )
-        state_dict = loading_from_pretrained.get_pretrained_state_dict(
-            str(neutral), cfg, hf_model=hf_model, dtype=dtype
-        )
+        try:
+            cfg = loading_from_pretrained.get_pretrained_model_config(
+                str(neutral), hf_cfg=config, fold_ln=False, device="cpu", dtype=dtype
+            )
+            state_dict = loading_from_pretrained.get_pretrained_state_dict(
+                str(neutral), cfg, hf_model=hf_model, dtype=dtype
+            )
+        except NotImplementedError as err:  # TransformerLens has no converter for it
+            raise unsupported_decoder(hf_config) from err
+    state_dict = without_rms_biases(cfg, state_dict)  # Phi-3's converter writes zero ln biases
     cfg.tokenizer_name = None
     cfg.model_name = path.name
     return build_decoder(cfg, state_dict, tokenizer)
+
+
+def unsupported_decoder(hf_config: Any) -> ModelError:
+    """The error for a causal LM TransformerLens 3.9 has no converter for."""
+    arch = architecture_name(hf_config) or repr(hf_config.model_type)
+    reason = UNSUPPORTED_DECODERS.get(arch, "no converter")
+    return ModelError(
+        f"{arch} checkpoints are not supported with TransformerLens 3.9 ({reason}). Supported "
+        "decoder families include GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Mixtral, Qwen2, "
+        "Qwen3, Phi-3, Gemma and Gemma 2."
+    )
+
+
+UNSUPPORTED_DECODERS = {
+    "Qwen2MoeForCausalLM": "no converter; its MoE adds a shared expert with a sigmoid gate",
+    "Qwen3MoeForCausalLM": "no converter for its MoE block",
+}
 
 
 def load_official(name: str, dtype: torch.dtype = torch.float32) -> Any:

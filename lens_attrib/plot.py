@@ -8,48 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-from lens_attrib.report import escape_token, explained_label, is_target_free
+from lens_attrib.display import escape_token
+from lens_attrib.display import explained_title as _explained_title
+from lens_attrib.display import grid_title as _grid_title
+from lens_attrib.display import row_explains as _row_explains
+from lens_attrib.display import token_axis_labels as _token_labels
 
 if TYPE_CHECKING:  # plot reads Attributions; it imports neither them nor methods at run time
     from lens_attrib.attribution import Attribution
-
-
-def _token_labels(tokens: Sequence[str]) -> list[str]:
-    """``"pos:token"`` axis labels: escaped (plotly reads HTML entities), whitespace visible."""
-    return [f"{i}:{escape_token(t)}" for i, t in enumerate(tokens)]
-
-
-def _explained_title(prefix: str, attribution: Attribution, item: int) -> str:
-    """A title: ``prefix`` + what ``item`` explains (escaped; target-free methods say so)."""
-    import html
-
-    return html.escape(prefix + explained_label(attribution, item))
-
-
-def _grid_title(named: Sequence[tuple[str, Attribution]], item: int) -> str:
-    """What the rows of a methods × tokens map explain: the target they share, with the
-    target-free rows named (or, when the targets differ, that they differ)."""
-    import html
-
-    free = [label for label, attr in named if is_target_free(attr)]
-    explained = sorted(
-        {explained_label(attr, item) for _, attr in named if not is_target_free(attr)}
-    )
-    if not explained:
-        title = "Methods × tokens, all target-free (the same for any target token)"
-    elif len(explained) == 1:
-        title = f"Methods × tokens → {explained[0]}"
-    else:
-        title = f"Methods × tokens → {len(explained)} different targets (hover a row to see it)"
-    if free and explained:
-        title += f"; target-free rows (the same for any target): {', '.join(free)}"
-    return html.escape(title)
-
-
-def _row_explains(attribution: Attribution, item: int) -> str:
-    import html
-
-    return html.escape("explains " + explained_label(attribution, item))
 
 
 # Heatmap sizes: every row gets ROW_PX; the colour bar is vertical beside the map when the map is
@@ -524,5 +490,103 @@ def head_heatmap(attribution: Attribution, item: int = 0, title: str | None = No
         row_px=18,
         axis_px=40,
         title=title or _explained_title(f"{attribution.method} per head → ", attribution, item),
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- generations
+BLANK_GREY = "#b4b4b4"
+"""Background of a step × token map, seen where a cell is blank (outside the diverging scale,
+whose zero is white)."""
+
+
+def _blank_after_explained(attribution: Attribution, row: int, n_units: int) -> list[bool]:
+    """Per real token (or aggregated unit) of ``row``: after the explained position (cannot
+    influence a causal model's step, shown blank rather than as a zero)."""
+    if not attribution.meta.get("causal", False):
+        return [False] * n_units
+    units = attribution.meta.get("unit_tokens")
+    explained = attribution.meta.get("explained_token")
+    if isinstance(units, list) and isinstance(explained, list):  # aggregated: words, roles
+        at = int(explained[row])
+        return [min(members) > at for members in units[row]]
+    first = int(attribution.mask[row].nonzero().min())
+    at = int(attribution.target.positions[row]) - first
+    return [j > at for j in range(n_units)]
+
+
+def step_heatmap(attribution: Attribution, prompt: int = 0, title: str | None = None) -> go.Figure:
+    """Step × token heatmap of one prompt's generation (``Target(generate=N)`` /
+    ``Target(continuation=...)``): one row per step (labelled with the token it explains, and
+    its foil), one column per token of the sequence the steps share (prompt + continuation), or
+    per word / span / role of an aggregated Attribution (``to_words``, ``to_roles``).
+
+    Signed relevance in diverging colours (zero = white, one colour range for the whole map);
+    cells after each step's explained position are left blank (NaN, shown in the grey
+    background, not zero-coloured): the causal triangle. A black line marks where the prompt
+    ends (token columns).
+    """
+    import numpy as np
+
+    if "generated_ids" not in attribution.meta:
+        raise ValueError(
+            f"step_heatmap shows the steps of a generation; this {attribution.method!r} "
+            "Attribution explains no Target(generate=N) or Target(continuation=...): use "
+            "token_heatmap or layer_heatmap."
+        )
+    steps = attribution.prompt_steps(prompt)
+    widths = [int(steps.mask[r].sum()) for r in range(len(steps))]
+    columns = steps.tokens[int(np.argmax(widths))]
+    z = np.full((len(steps), len(columns)), np.nan)
+    for r in range(len(steps)):
+        if list(steps.tokens[r]) != list(columns[: widths[r]]):
+            raise ValueError(f"Step rows of prompt {prompt} do not share their tokens.")
+        values = steps.item_scores(r).detach().cpu().double().numpy()
+        blank = _blank_after_explained(steps, r, widths[r])
+        z[r, : widths[r]] = np.where(blank, np.nan, values)
+    targets = steps.meta.get("target_tokens") or [
+        str(int(t)) for t in steps.target.token_ids.tolist()
+    ]
+    foils = steps.meta.get("foil_tokens")
+    rows = []
+    for r, s in enumerate(steps.meta["step_index"]):
+        label = f"{s}: {escape_token(targets[r])}"
+        if foils:
+            label += f" − {escape_token(foils[r])}"
+        rows.append(label)
+    vmax = _symmetric_range(z[~np.isnan(z)]) if np.any(~np.isnan(z)) else 1.0
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=_token_labels(columns),
+            y=rows,
+            zmin=-vmax,
+            zmax=vmax,
+            zmid=0.0,
+            colorscale="RdBu_r",
+            hoverongaps=False,
+            colorbar={"title": {"text": "relevance"}},
+            hovertemplate="step %{y}<br>%{x}<br>relevance %{z:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(  # blank cells show the grey background: not a colour of the scale
+        xaxis={"tickangle": -45, "showgrid": False, "zeroline": False},
+        yaxis={"autorange": "reversed", "showgrid": False, "zeroline": False},
+        plot_bgcolor=BLANK_GREY,
+    )
+    prompt_length = steps.meta.get("prompt_length")
+    if "unit_tokens" not in steps.meta and isinstance(prompt_length, int):
+        fig.add_vline(x=prompt_length - 0.5, line={"color": "black", "width": 2})
+    unit = (steps.meta.get("aggregation") or {}).get("unit", "token")
+    heading = f"{attribution.method}: step × {unit} relevance"
+    if isinstance(attribution.meta.get("prompt_length"), list):
+        heading += f" (prompt {prompt})"
+    heading += "; grey: after the step's explained token"
+    _fit_heatmap(
+        fig,
+        len(rows),
+        row_px=ROW_PX,
+        axis_px=min(160, 20 + 5 * max((len(x) for x in _token_labels(columns)), default=0)),
+        title=title or heading,
     )
     return fig

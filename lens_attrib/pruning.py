@@ -335,10 +335,11 @@ def _point(diffs: Tensor) -> EvalPoint:
     return EvalPoint(float((diffs > 0).double().mean()), float(diffs.mean()))
 
 
-def evaluate(
+def prune_and_score(
     model: Any, task: TaskSet, keep: Bool[Tensor, "layer head"] | None = None
 ) -> EvalPoint:
-    """Accuracy (``logit(target) > logit(foil)``) and mean logit difference, one batched pass."""
+    """Prune the heads that ``keep`` leaves out (``None``: none) and score the task: accuracy
+    (``logit(target) > logit(foil)``) and mean logit difference, one batched pass."""
     return _point(logit_differences(model, task, keep))
 
 
@@ -573,7 +574,6 @@ __all__ = [
     "TaskSet",
     "checkpoints",
     "curve_for_order",
-    "evaluate",
     "head_relevance",
     "head_relevance_methods",
     "head_relevance_tensor",
@@ -581,6 +581,7 @@ __all__ = [
     "logit_differences_many",
     "masks_per_pass",
     "pool_head_relevance",
+    "prune_and_score",
     "pruning_order",
     "random_order",
     "run_pruning",

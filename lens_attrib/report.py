@@ -1,7 +1,8 @@
 """Self-contained HTML reports: a stylesheet, plotly.js inlined once, token maps, tables with
 confidence intervals and a footer. A page needs no network: it opens on a cluster node, offline.
 
-Building blocks (each returns an HTML string; every token and label is HTML-escaped):
+Building blocks (each returns an HTML string; every token and label is HTML-escaped with the
+helpers of :mod:`lens_attrib.display`):
 
 - :func:`token_map_html` — tokens coloured on a diverging scale centred at 0 with a legend;
   whitespace made visible (``␣``, ``⏎``, ``⇥``). Inline styles only, so that it renders the same
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from lens_attrib.display import escape_token, visible_token
 
 if TYPE_CHECKING:
     from lens_attrib.attribution import Attribution
@@ -62,39 +65,8 @@ NEGATIVE_RGB = (33, 102, 172)
 """Colour of score ÷ scale = −1 (RdBu's blue end); +1 is :data:`POSITIVE_RGB`, 0 is white."""
 POSITIVE_RGB = (178, 24, 43)
 
-VISIBLE_WHITESPACE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 
-TARGET_FREE_METHODS = frozenset(
-    {"embed_norm", "attention", "rollout", "alti", "value_zeroing", "random"}
-)
-"""Methods whose scores do not depend on the explained token (only on its position). Used
-when an Attribution's ``meta`` does not say ``target_free`` itself."""
-
-
-# --------------------------------------------------------------------------- tokens and colours
-def visible_token(token: str) -> str:
-    """``token`` with spaces, newlines, tabs and carriage returns as ``␣ ⏎ ⇥ ␍`` (not escaped)."""
-    return "".join(VISIBLE_WHITESPACE.get(ch, ch) for ch in token)
-
-
-def escape_token(token: str) -> str:
-    """HTML-safe, whitespace-visible token (also valid in plotly text, which reads entities)."""
-    return html.escape(visible_token(token))
-
-
-def is_target_free(attribution: Attribution) -> bool:
-    """Whether the method ignores the explained token (``meta["target_free"]`` when set)."""
-    flag = attribution.meta.get("target_free")
-    return bool(flag) if flag is not None else attribution.method in TARGET_FREE_METHODS
-
-
-def explained_label(attribution: Attribution, item: int) -> str:
-    """What ``item``'s scores explain: ``' were' − ' was'``, or that they are target-free."""
-    if is_target_free(attribution):
-        return "target-free (the same for any target token)"
-    return attribution._target_label(item)
-
-
+# --------------------------------------------------------------------------- colours
 def diverging_rgb(value: float) -> tuple[int, int, int]:
     """Colour of ``value`` ∈ [−1, 1] (clipped): linear from blue (−1) through white (0) to red."""
     v = 0.0 if math.isnan(value) else max(-1.0, min(1.0, value))
@@ -126,7 +98,7 @@ def attribution_rows(
     return [
         TokenRow(
             label=label or attribution.method,
-            explains=explained_label(attribution, i),
+            explains=attribution.explained_label(i),
             tokens=list(attribution.tokens[i]),
             scores=np.asarray(attribution.numpy(i), dtype=np.float64),
         )
@@ -402,23 +374,18 @@ def write_page(path: str | Path, title: str, body: Sequence[str], **kwargs: Any)
 
 __all__ = [
     "STYLESHEET",
-    "TARGET_FREE_METHODS",
     "TokenRow",
     "attribution_rows",
     "ci_rows",
     "ci_table_html",
     "colour_legend_html",
     "diverging_rgb",
-    "escape_token",
-    "explained_label",
     "figure_html",
     "footer_html",
-    "is_target_free",
     "page_html",
     "plotly_js",
     "section",
     "table_html",
     "token_map_html",
-    "visible_token",
     "write_page",
 ]

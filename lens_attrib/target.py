@@ -54,6 +54,31 @@ class Target:
                otherwise shown as ``class y``. With labels, a class head's token/foil may be
                given by name.
     label:     alias of ``token`` for class heads (``Target(label="positive")``).
+    sample, seed, temperature, top_k, top_p: how ``generate`` picks each token (see
+               :func:`lens_attrib.methods.generation.sample_generate`): greedy (the argmax, the
+               default) or, with ``sample=True``, a draw from the model's next-token
+               distribution divided by ``temperature`` and restricted to the ``top_k`` most
+               likely tokens and then to the smallest set of probability ``>= top_p`` (the
+               order and rules of Hugging Face ``generate``). ``seed`` fixes the draws: the same
+               seed gives the same tokens, and every prompt of a batch is sampled with its own
+               generator seeded with it (so a batch equals its prompts one at a time); without a
+               seed one is drawn from torch's global generator and recorded in
+               ``meta["sampling"]``.
+    contrast:  a contrastive continuation for ``continuation`` (Inseq's ``contrast_targets``),
+               same forms (one per prompt for a batch). Step ``s`` then explains
+               ``logit(c[s]) − logit(contrast[a(s)])``, both logits at the step's position of
+               the *original* sequence ``prompt + c[:s]`` (Inseq's default for an attributed
+               contrastive function, ``contrast_force_inputs=False``): the contrast supplies one
+               foil per step. ``a`` aligns steps with contrast tokens: ``contrast_alignments``
+               pairs ``(step, contrast index)`` (one list per prompt for a batch), and steps
+               without a pair are aligned right to left, the last step with the last contrast
+               token (Inseq's fill rule; 1:1 for equal lengths). ``meta["step_scores"]`` also
+               reports the contrast token under its *own* prefix ``prompt + contrast[:a(s)]``
+               (Inseq's contrastive step scores), see :func:`generation.contrast_step_scores`.
+               Inseq's ``contrast_force_inputs=True`` (the contrast logit on its own prefix as
+               part of the explained scalar) is not offered: that term does not depend on the
+               explained input, so gradients ignore it and conservation would break.
+    contrast_alignments: ``[(step, contrast index), ...]`` (see ``contrast``).
 
     A single token, foil or position is used for every item of the batch.
     """
@@ -67,8 +92,17 @@ class Target:
     labels: Sequence[str] | None = None
     label: TokenSpec = None
     continuation: Any = None
+    sample: bool = False
+    seed: int | None = None
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    contrast: Any = None
+    contrast_alignments: Any = None
 
     def __post_init__(self) -> None:
+        _check_sampling(self)
+        _check_contrast(self)
         if self.continuation is not None:
             object.__setattr__(self, "continuation", _normalize_continuation(self.continuation))
             if not isinstance(self.generate, bool) and self.generate != 0:
@@ -349,6 +383,87 @@ def _normalize_continuation(spec: Any) -> str | list[int] | list[str | list[int]
     if isinstance(spec, Tensor) and spec.ndim == 2:
         return [_one_continuation(x, f" of prompt {i}") for i, x in enumerate(spec)]
     return _one_continuation(spec, "")
+
+
+def _check_sampling(target: Target) -> None:
+    """``sample``/``seed``/``temperature``/``top_k``/``top_p``: types, ranges, and only with
+    ``generate`` (sampling options only with ``sample=True``, so greedy is never changed)."""
+    if not isinstance(target.sample, bool):
+        raise TargetError(f"sample must be True or False, got {target.sample!r}.")
+    shaping = {
+        name: getattr(target, name)
+        for name, default in (("temperature", 1.0), ("top_k", None), ("top_p", None))
+        if getattr(target, name) != default or isinstance(getattr(target, name), bool)
+    }
+    if (target.sample or target.seed is not None or shaping) and not (
+        not isinstance(target.generate, bool)
+        and isinstance(target.generate, int | np.integer)
+        and target.generate > 0
+    ):
+        given = ["sample"] * target.sample + ["seed"] * (target.seed is not None) + list(shaping)
+        raise TargetError(
+            f"Target got {given} without generate=N: they choose how generated tokens are "
+            "picked. Pass Target(generate=N, sample=True, seed=...), or explain a given text "
+            "with Target(continuation=...)."
+        )
+    if shaping and not target.sample:
+        raise TargetError(
+            f"Target(generate=N) got {shaping} with sample=False: greedy decoding takes the "
+            "argmax, which these do not change. Pass sample=True to sample with them."
+        )
+    seed = target.seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+        raise TargetError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
+    if seed is not None:
+        object.__setattr__(target, "seed", int(seed))
+    temperature = target.temperature
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float | np.floating | np.integer)
+        or not float(temperature) > 0
+        or not np.isfinite(float(temperature))
+    ):
+        raise TargetError(f"temperature must be a finite number > 0, got {temperature!r}.")
+    object.__setattr__(target, "temperature", float(temperature))
+    top_k = target.top_k
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, int | np.integer) or top_k < 1
+    ):
+        raise TargetError(f"top_k must be an int >= 1 (or None for all tokens), got {top_k!r}.")
+    if top_k is not None:
+        object.__setattr__(target, "top_k", int(top_k))
+    top_p = target.top_p
+    if top_p is not None and (
+        isinstance(top_p, bool)
+        or not isinstance(top_p, int | float | np.floating)
+        or not 0 < float(top_p) <= 1
+    ):
+        raise TargetError(f"top_p must be a number in (0, 1] (or None), got {top_p!r}.")
+    if top_p is not None:
+        object.__setattr__(target, "top_p", float(top_p))
+
+
+def _check_contrast(target: Target) -> None:
+    """``contrast`` needs ``continuation`` and replaces ``foil``; alignments need a contrast."""
+    if target.contrast_alignments is not None and target.contrast is None:
+        raise TargetError(
+            "Target got contrast_alignments= without contrast=: the alignments pair steps of "
+            "the continuation with tokens of a contrastive continuation; pass contrast=... too."
+        )
+    if target.contrast is None:
+        return
+    if target.continuation is None:
+        raise TargetError(
+            "Target(contrast=...) needs continuation=...: the contrast is a second "
+            "continuation whose tokens are the foils of the given continuation's steps. For "
+            "one token, pass Target(token, foil=...)."
+        )
+    if target.foil is not None:
+        raise TargetError(
+            f"Target got contrast= and foil={target.foil!r}: the contrast supplies one foil per "
+            "step, pass one of them."
+        )
+    object.__setattr__(target, "contrast", _normalize_continuation(target.contrast))
 
 
 def check_flags(regression: Any, labels: Any) -> None:

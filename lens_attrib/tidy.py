@@ -16,8 +16,21 @@ WHAT = ("scores", "layer_scores", "head_scores", "head_token_scores")
 
 
 def is_generation(attribution: Attribution) -> bool:
-    """Rows are the steps of one generated continuation (``Target(generate=N)``)."""
+    """Rows are the steps of generated or given continuations (``Target(generate=N)``,
+    ``Target(continuation=...)``)."""
     return "generated_ids" in attribution.meta and "steps" in attribution.meta
+
+
+def step_labels(attribution: Attribution) -> list[tuple[int, int]]:
+    """``(item, step)`` of every row of a generation: the prompt (``meta["step_prompt"]``) and
+    the step within its continuation (``meta["step_index"]``); results saved before those
+    entries existed are one prompt whose rows are its steps in order."""
+    n = len(attribution)
+    prompts = attribution.meta.get("step_prompt")
+    steps = attribution.meta.get("step_index")
+    if isinstance(prompts, list) and isinstance(steps, list) and len(prompts) == len(steps) == n:
+        return [(int(b), int(s)) for b, s in zip(prompts, steps, strict=True)]
+    return [(0, r) for r in range(n)]
 
 
 def _labels(attribution: Attribution) -> list[Any]:
@@ -30,11 +43,11 @@ def _labels(attribution: Attribution) -> list[Any]:
 def to_pandas(attribution: Attribution, what: str = "scores") -> Any:
     """One row per real (unpadded) token of every item, or per layer/head (``what``).
 
-    Columns: ``item`` (``step`` instead of a per-row item for a generation: its rows are the
-    steps of item 0), ``layer`` (the real layer number from ``meta["layers"]``) and ``head``
-    where ``what`` has them, ``position`` (index among the item's real tokens, as in
-    :meth:`Attribution.top`), ``token``, ``token_id``, ``target`` (the explained token or class
-    label) and ``score`` (float64; the stored values widened exactly).
+    Columns: ``item`` (for a generation, whose rows are steps: the prompt, with ``step`` the
+    step within its continuation, :func:`step_labels`), ``layer`` (the real layer number from
+    ``meta["layers"]``) and ``head`` where ``what`` has them, ``position`` (index among the
+    item's real tokens, as in :meth:`Attribution.top`), ``token``, ``token_id``, ``target``
+    (the explained token or class label) and ``score`` (float64; the stored values widened exactly).
     """
     import pandas as pd
 
@@ -48,6 +61,7 @@ def to_pandas(attribution: Attribution, what: str = "scores") -> Any:
         )
     values = values.detach().cpu().double()
     generation = is_generation(attribution)
+    row_labels = step_labels(attribution) if generation else []
     labels = _labels(attribution)
     layers = attribution.meta.get("layers")
     columns: dict[str, list[Any]] = {}
@@ -57,7 +71,7 @@ def to_pandas(attribution: Attribution, what: str = "scores") -> Any:
             columns.setdefault(key, []).append(value)
 
     for b in range(len(attribution)):
-        first = {"item": 0, "step": b} if generation else {"item": b}
+        first = {"item": row_labels[b][0], "step": row_labels[b][1]} if generation else {"item": b}
         real = torch.nonzero(attribution.mask[b]).flatten().tolist()
         ids = attribution.token_ids[b]
         if what == "head_scores":
@@ -87,4 +101,4 @@ def to_pandas(attribution: Attribution, what: str = "scores") -> Any:
     return pd.DataFrame(columns)
 
 
-__all__ = ["is_generation", "to_pandas"]
+__all__ = ["is_generation", "step_labels", "to_pandas"]

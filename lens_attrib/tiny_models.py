@@ -206,3 +206,90 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
 
 
 TINY_DECODERS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "pythia": tiny_pythia}
+
+
+# --------------------------------------------------------------------------- transformers folders
+HF_SIZES: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+
+HF_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt2": ("GPT2Config", {"n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4}),
+    "llama": ("LlamaConfig", {"rope_theta": 5000.0}),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        {"num_key_value_heads": None, "rotary_pct": 0.5, "use_parallel_residual": True},
+    ),
+    "mistral": ("MistralConfig", {"sliding_window": 3}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 8}),
+    "phi3": ("Phi3Config", {"sliding_window": 3}),
+    "gemma": ("GemmaConfig", {"head_dim": 8, "hidden_activation": "gelu_pytorch_tanh"}),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 8,
+            "query_pre_attn_scalar": 12,
+            "sliding_window": 3,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24},
+    ),
+}
+"""Family → transformers config class and its settings beyond :data:`HF_SIZES` (sliding windows
+of 3 tokens where the family has one, so that short prompts cross them)."""
+
+
+def _hf_config(family: str, vocab: int) -> Any:
+    """A tiny transformers config of ``family`` (:data:`HF_FAMILIES`)."""
+    import transformers
+
+    if family not in HF_FAMILIES:
+        raise ValueError(f"No tiny checkpoint for {family!r}: one of {sorted(HF_FAMILIES)}.")
+    name, extra = HF_FAMILIES[family]
+    sizes: dict[str, Any] = {} if family == "gpt2" else dict(HF_SIZES)
+    kwargs = {"vocab_size": vocab, "bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
+    return getattr(transformers, name)(**{**kwargs, **sizes, **extra})
+
+
+TINY_CHECKPOINTS = tuple(HF_FAMILIES)
+"""Families :func:`save_tiny_checkpoint` builds."""
+
+
+def save_tiny_checkpoint(family: str, folder: Any, seed: int = 0) -> Any:
+    """Save a tiny random transformers causal LM of ``family`` and the word-level tokenizer to
+    ``folder`` (``save_pretrained``, no download); returns the folder as a ``Path``.
+
+    Every 1-D parameter is randomised (transformers initialises biases to 0 and norm gains to 1,
+    or 0 for Gemma's ``1 + w`` gains), so that biases and norm gains are exercised.
+    """
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_hf_config(family, len(tokenizer))).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    gemma = family.startswith("gemma")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                base = 1.0 if name.endswith("weight") and not gemma else 0.0  # a norm gain
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen))
+    path = Path(folder)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -9,7 +9,7 @@ inputs and compares what they report with what must hold, independently recomput
   the copy (a plain forward). Run with the exact identity rule (``identity_eps=0``; LXT's default
   stabiliser ``1e-10`` moves each activation's share by ``ε/h``, not a rounding error).
 - **AttnLRP gap** (``attnlrp``): its softmax rule is not conservative, so it reports
-  ``meta["conservation_gap"]``; checked: ``Σ_i R_i + gap = f`` on the same bias-free copy (the
+  ``meta["completeness_gap"]``; checked: ``Σ_i R_i + gap = f`` on the same bias-free copy (the
   gap is the true one). The gap's size is shown, as information.
 - **IG completeness** (``integrated_gradients``): ``Σ_i R_i = f(x) − f(b)`` within IG's own
   tolerance (default 1 % of ``|f(x) − f(b)|``, the adaptive rule), and the reported
@@ -209,8 +209,8 @@ def item_relative_difference(a: Attribution, b: Attribution, item: int, item_b: 
 
 def copy_model(model: Any, head: Any, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """A deep copy of ``model`` and ``head`` together (a head holding the model's modules, like
-    :class:`lens_attrib.heads.LinearHead`'s ``ln_final``, then holds the copy's), the tokenizer
-    shared; cast to ``dtype`` when given."""
+    :class:`lens_attrib.classifiers.LinearHead`'s ``ln_final``, then holds the copy's), the
+    tokenizer shared; cast to ``dtype`` when given."""
     memo: dict[int, Any] = {}
     if getattr(model, "tokenizer", None) is not None:
         memo[id(model.tokenizer)] = model.tokenizer
@@ -232,7 +232,7 @@ def copyable_head(target: Target | None) -> str | None:
         return None
     return (
         f"the target's head is a plain {type(head).__name__}, which cannot be copied with the "
-        "model; pass an nn.Module head (e.g. lens_attrib.heads.LinearHead) to run this check"
+        "model; pass an nn.Module head (e.g. lens_attrib.classifiers.LinearHead) to run this check"
     )
 
 
@@ -318,7 +318,7 @@ def check_lrp_conservation(ctx: _Context) -> CheckRow:
     sums = relevance_sums(attr)
     scale = scale_of(f, attr.scores)
     rel = (f - sums).abs() / scale
-    reported = attr.meta["conservation_gap"].to(torch.float64)
+    reported = attr.meta["completeness_gap"].to(torch.float64)
     honest = (f - sums - reported).abs() / scale  # the method's own gap is the true one
     worst = int(rel.argmax())
     return _row(
@@ -339,7 +339,7 @@ def check_attnlrp_gap(ctx: _Context) -> CheckRow:
     attr = ctx.attribute("attnlrp", model=model_copy, target=target)
     f = explained_value(model_copy, ctx.items, attr, head)
     sums = relevance_sums(attr)
-    gap = attr.meta["conservation_gap"].to(torch.float64)
+    gap = attr.meta["completeness_gap"].to(torch.float64)
     rel = (f - sums - gap).abs() / scale_of(f, attr.scores, gap)
     share = float((gap.abs() / f.abs().clamp_min(1e-300)).max())
     return _row(

@@ -107,6 +107,10 @@ def _case_id(case: tuple[str, str, dict[str, Any]]) -> str:
 def test_every_method_equals_the_reference(backend, case, loaded, reference):
     arch, method, options = case
     assert arch_of(loaded[arch]).backend == backend
+    if backend == "bridge" and method in ref.HOOKED_ONLY:
+        with pytest.raises(ModelError, match="backend='hooked'"):
+            ref.case_arrays(loaded[arch], arch, method, options)
+        return
     got = ref.case_arrays(loaded[arch], arch, method, options)
     assert_equal_to_reference(got, reference, ref.key_of(arch, method, options))
 
@@ -379,3 +383,40 @@ def test_encoder_bridges_are_refused_with_the_backend_that_works(tmp_path):
     model = TransformerBridge.boot_transformers(str(tmp_path), device="cpu")
     with pytest.raises(ModelError, match="backend='hooked'"):
         attribute(model, ["the keys to the cabinet are"], Target(position=-2), method="alti")
+
+
+@needs_bridge
+def test_bridge_logit_soft_cap_and_split_forwards():
+    """A soft-capped bridge (Gemma 2's ``c·tanh(u/c)``, which the bridge applies after
+    ``unembed``; here set on the config of the tiny GPT-2) gets the cap in ``lm_head`` and the
+    same refusal of ``unembedding`` as 3.9;
+    the forwards split at a block (value zeroing, frozen-prefix training) raise a ModelError
+    naming the backend that has them."""
+    from lens_attrib.backend import block_forward, residual_before, residual_from, unembedding
+    from lens_attrib.errors import TargetError
+
+    model = user_bridge("gpt2")
+    batch = _batch(model)
+    resid = final_residual(model, batch.arch, batch.tokens, batch.mask, batch.padded)[:, -1]
+    plain = lm_head(model, batch.arch)(resid)
+    with no_grad_context(model):
+        full = model(batch.tokens, attention_mask=batch.mask.long())
+    torch.testing.assert_close(plain, full[:, -1], rtol=1e-10, atol=1e-12)  # the model's head
+    before = model.cfg.output_logits_soft_cap
+    model.cfg.output_logits_soft_cap = 2.0
+    try:
+        arch = arch_of(model)
+        assert arch.logit_soft_cap == 2.0 and not arch.moe
+        capped = lm_head(model, arch)(resid)
+        torch.testing.assert_close(capped, 2.0 * torch.tanh(plain / 2.0), rtol=1e-12, atol=0)
+        with pytest.raises(TargetError, match="soft-caps its logits"):
+            unembedding(model)
+    finally:
+        model.cfg.output_logits_soft_cap = before
+    mask, padded = batch.mask, batch.padded
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        block_forward(model, batch.arch, 0, torch.zeros(1, 2, batch.arch.d_model), mask, padded)
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        residual_before(model, batch.arch, 1, batch.tokens, mask, padded)
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        residual_from(model, batch.arch, torch.zeros(1, 2, batch.arch.d_model), 1, mask[:1] | True)

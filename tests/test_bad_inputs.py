@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from model_state import assert_unchanged
+from model_state import model_state as _state
 
 from lens_attrib import (
     METHODS,
@@ -683,23 +685,6 @@ BAD_CALLS += [
     ),
     ("unknown classifier", lambda m, b: load_classifier("sst2"), KeyError, "built-in"),
 ]
-
-
-def _state(model):
-    return model_state_fingerprint(model), [p.detach().clone() for p in model.parameters()]
-
-
-def assert_unchanged(model, before) -> None:
-    """The guard's fingerprint (hooks, grads, requires_grad, mode, dtype, device) and every
-    weight are as they were."""
-    fingerprint, params = before
-    assert model_state_fingerprint(model) == fingerprint
-    now = list(model.parameters())
-    assert len(now) == len(params)
-    assert all(  # exact equality, NaN equal to NaN (the NaN tests poison weights on purpose)
-        a.dtype == b.dtype and torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
-        for a, b in zip(params, now, strict=True)
-    )
 
 
 @pytest.mark.parametrize(

@@ -31,9 +31,9 @@ from lens_attrib.classifiers import (
     stsb_inputs,
     task_data,
 )
+from lens_attrib.classifiers.finetune import fine_tune, head_rows
+from lens_attrib.classifiers.linear import new_head, residual_features
 from lens_attrib.evaluation.faithfulness import aopc
-from lens_attrib.finetune import fine_tune, head_rows
-from lens_attrib.heads import new_head, residual_features
 from lens_attrib.tiny_models import tiny_bert
 
 F64 = torch.float64

@@ -210,8 +210,6 @@ def test_alti_without_rollout_is_each_layers_own_mixing_row(bert):
     [
         ("decompx", {}, True),
         ("decompx", {"biases": "separate"}, True),
-        ("decompx", {}, False),
-        ("globenc", {}, False),
         ("globenc", {"rollout": False, "normalize": False}, False),
     ],
 )
@@ -274,7 +272,7 @@ def test_chunking_does_not_change_the_result(bert, method, chunk):
 
 
 def test_decompx_explains_a_trained_encoder_head(bert):
-    from lens_attrib.heads import new_head
+    from lens_attrib.classifiers.linear import new_head
 
     head = new_head(bert, 2)
     assert head.norm is None

@@ -1,4 +1,6 @@
-"""DeepLIFT (Rescale): exact summation to delta, Captum 0.9 equality, batching, the guard."""
+"""DeepLIFT (Rescale): exact summation to delta, Captum 0.9 equality, a prepended sink.
+
+Batched == unbatched and the model guard: tests/test_contract.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from lens_attrib import Target, attribute
-from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
+from lens_attrib.tiny_models import tiny_gpt2, tiny_pythia
 
 F64 = torch.float64
 PROMPTS = ["the keys to the cabinet", "the author near the books is", "a dog"]
@@ -71,17 +73,6 @@ def test_the_gap_is_reported_where_rescale_is_not_exact():
     assert float(gap.abs().max()) > 1e-3
 
 
-@pytest.mark.parametrize("builder", [tiny_llama, tiny_bert])  # gpt2: the prepended-sink test
-def test_batched_equals_unbatched(builder):
-    model = builder(dtype=F64)
-    prompts = PROMPTS if builder is not tiny_bert else ["the keys are", "a dog sees the cats"]
-    batched = attribute(model, prompts, method="deeplift")
-    for b, prompt in enumerate(prompts):
-        alone = attribute(model, prompt, method="deeplift")
-        mask = batched.mask[b]
-        torch.testing.assert_close(batched.scores[b][mask], alone.scores[0], rtol=1e-6, atol=1e-9)
-
-
 def test_a_prepended_sink_is_batched_like_the_items_alone():
     model = tiny_gpt2(dtype=F64)
     ids = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
@@ -94,18 +85,6 @@ def test_a_prepended_sink_is_batched_like_the_items_alone():
             batched.scores[b][batched.mask[b]], alone.scores[0], rtol=1e-6, atol=1e-9
         )
         assert float(alone.scores[0, 0].abs()) > 0 or b == 2  # the first word is attributed
-
-
-def test_the_model_is_left_as_found():
-    model = tiny_llama(dtype=F64)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    flags = {k: p.requires_grad for k, p in model.named_parameters()}
-    attribute(model, PROMPTS, method="deeplift", keep_sink="special")
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert {k: p.requires_grad for k, p in model.named_parameters()} == flags
-    assert all(p.grad is None for p in model.parameters())
-    assert not any(h._forward_hooks for h in model.hook_dict.values())
-    assert not model.training
 
 
 def test_user_hooks_act_in_both_forwards():

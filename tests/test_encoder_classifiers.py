@@ -17,7 +17,7 @@ import torch
 
 from lens_attrib import METHODS, InputError, ModelError, Target, attribute, load_model
 from lens_attrib.backend import attached_head, has_lm_head
-from lens_attrib.heads import ClassifierHead
+from lens_attrib.classifiers.checkpoint_head import ClassifierHead
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.tiny_models import tiny_tokenizer
 
@@ -223,8 +223,8 @@ def test_folder_without_tokenizer(saved):
     assert attr.tokens[0][0] == "<2>"
     # grad × input over the full embedding with a zero baseline sums to nothing checkable here,
     # so check the explained value through the value-zeroing-free path: the Target's evaluation
+    from lens_attrib.classifiers.checkpoint_head import with_model_head
     from lens_attrib.forward import no_grad_context, run
-    from lens_attrib.heads import with_model_head
     from lens_attrib.inputs import to_batch
 
     with no_grad_context(model):

@@ -1,15 +1,15 @@
-"""Light fine-tuning (lens_attrib.finetune) on tiny models: the caller's model is untouched, only
-the last k blocks move, the loss falls, save → load is bit-exact, and Target(head=h) on the tuned
-model explains exactly what running the tuned model and head gives."""
+"""Light fine-tuning (lens_attrib.classifiers.finetune) on tiny models: the caller's model is
+untouched, only the last k blocks move, the loss falls, save → load is bit-exact, and Target(head=h)
+on the tuned model explains exactly what running the tuned model and head gives."""
 
 import math
 
 import pytest
 import torch
-from test_heads import toy_sentiment
+from test_classifier_linear import toy_sentiment
 
 from lens_attrib import Target, attribute
-from lens_attrib.finetune import (
+from lens_attrib.classifiers.finetune import (
     fine_tune,
     head_rows,
     save_blocks,
@@ -17,7 +17,7 @@ from lens_attrib.finetune import (
     tuned_block_names,
     tuned_model,
 )
-from lens_attrib.heads import feature_position, load_head, new_head, save_head
+from lens_attrib.classifiers.linear import feature_position, load_head, new_head, save_head
 from lens_attrib.tiny_models import tiny_bert, tiny_llama
 
 

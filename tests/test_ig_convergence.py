@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-from lens_attrib.methods.gradient import quadrature, sink_token_id
+from lens_attrib.methods.baselines import sink_token_id
+from lens_attrib.methods.integrated_gradients import quadrature
 from lens_attrib.methods.path_quadrature import adaptive_quadrature
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import Target
@@ -187,19 +188,19 @@ def test_smollm2_first_token_of_a_bos_less_anaphora_prompt(smollm2) -> None:
 
 def test_step_batch_follows_the_free_memory(monkeypatch) -> None:
     from lens_attrib.backend import arch_of, backward_bytes_per_row
-    from lens_attrib.methods import gradient
+    from lens_attrib.methods import integrated_gradients as ig_module
 
     model = tiny_llama(dtype=F64)
     arch = arch_of(model)
     per_row = backward_bytes_per_row(arch, 5)
     assert backward_bytes_per_row(arch, 10) > 2 * per_row  # attention grows with length²
-    monkeypatch.setattr(gradient, "available_memory", lambda device: 10 * per_row)
-    assert gradient.rows_per_forward(arch, 5, 64, None, torch.device("cpu")) == 2  # ¼ of 10
-    assert gradient.rows_per_forward(arch, 5, 64, 7, torch.device("cpu")) == 7  # step_batch wins
+    monkeypatch.setattr(ig_module, "available_memory", lambda device: 10 * per_row)
+    assert ig_module.rows_per_forward(arch, 5, 64, None, torch.device("cpu")) == 2  # ¼ of 10
+    assert ig_module.rows_per_forward(arch, 5, 64, 7, torch.device("cpu")) == 7  # step_batch wins
     ids = _ids_without_bos(model, "a man likes")
     length = ids.shape[1] + 1  # with the prepended sink
     monkeypatch.setattr(
-        gradient, "available_memory", lambda device: 12 * backward_bytes_per_row(arch, length)
+        ig_module, "available_memory", lambda device: 12 * backward_bytes_per_row(arch, length)
     )
     small = attribute(model, ids, method="integrated_gradients", n_steps=8)
     assert small.meta["step_batch"] == [3]

@@ -23,12 +23,12 @@ from lens_attrib.pruning import (
     TaskSet,
     checkpoints,
     curve_for_order,
-    evaluate,
     head_relevance,
     head_relevance_methods,
     logit_differences,
     logit_differences_many,
     pool_head_relevance,
+    prune_and_score,
     pruning_order,
     random_order,
     run_pruning,
@@ -147,7 +147,7 @@ def test_evaluation_batched_equals_unbatched_and_item_order():
     many = logit_differences(model, TaskSet.build(model, ITEMS, batch_size=5))
     torch.testing.assert_close(one, many, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(one, _ref_diffs(model, ITEMS), rtol=1e-9, atol=1e-9)
-    point = evaluate(model, TaskSet.build(model, ITEMS))
+    point = prune_and_score(model, TaskSet.build(model, ITEMS))
     assert point.accuracy == float((one > 0).double().mean())
 
 
@@ -332,7 +332,7 @@ def test_run_pruning_end_to_end(fake_methods):
     k = curve.n_pruned[2]
     keep = torch.ones(n_total, dtype=torch.bool)
     keep[torch.tensor(curve.order[:k])] = False
-    point = evaluate(model, task, keep.reshape(model.cfg.n_layers, model.cfg.n_heads))
+    point = prune_and_score(model, task, keep.reshape(model.cfg.n_layers, model.cfg.n_heads))
     assert curve.accuracy[2] == point.accuracy
     assert curve.logit_diff[2] == pytest.approx(point.logit_diff, rel=1e-6)
     # one forward per distinct set of pruned heads (0 pruned and all pruned are shared)
@@ -417,6 +417,8 @@ def test_evaluation_leaves_model_unchanged():
     before, params = model_state_fingerprint(model), _all_params(model)
     task = TaskSet.build(model, ITEMS)
     with torch.enable_grad():
-        evaluate(model, task, torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool))
+        prune_and_score(
+            model, task, torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+        )
     assert model_state_fingerprint(model) == before
     assert all(torch.equal(params[k], v) for k, v in _all_params(model).items())

@@ -85,10 +85,10 @@ def test_same_seed_same_scores_other_seed_other_scores():
     torch.testing.assert_close(first.scores.sum(-1), torch.ones(3, dtype=F64))
 
 
-@pytest.mark.parametrize(("builder", "replacer"), [(tiny_gpt2, "uniform"), (tiny_bert, "model")])
-def test_batched_equals_unbatched(builder, replacer):
-    model = builder(dtype=F64)
-    options = {"max_probe_steps": 8, "num_probes": 4, "replacer": replacer}
+def test_batched_equals_unbatched_with_the_masked_lm_replacer():
+    # the default (uniform) replacer on every architecture: tests/test_contract.py
+    model = tiny_bert(dtype=F64)
+    options = {"max_probe_steps": 8, "num_probes": 4, "replacer": "model"}
     batched = attribute(model, PROMPTS, method="reagent", **options)
     for b, prompt in enumerate(PROMPTS):
         alone = attribute(model, prompt, method="reagent", **options)
@@ -162,3 +162,52 @@ def test_one_update_moves_replaced_and_kept_tokens_apart_by_the_drop():
     torch.testing.assert_close(out[0], torch.stack([ln3, -ln3, -ln3]))
     bound = torch.logit(torch.tensor(1e-6, dtype=F64))  # logit(0) clamped, not -inf
     torch.testing.assert_close(out[1], torch.stack([-bound, bound, bound]))
+
+
+def ranked_head(model):
+    """8 outputs whose order never changes: 0–4 near 10, 5 near 0, 6 near −10, 7 near −20; the
+    input moves each by less than 1 (``tanh`` of a random projection of the residual)."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(model.cfg.d_model, 8, generator=gen, dtype=F64)
+    bias = torch.tensor([10.0, 10.0, 10.0, 10.0, 10.0, 0.0, -10.0, -20.0], dtype=F64)
+    return lambda x: bias.to(x) + 0.9 * torch.tanh(x @ weight.to(x))
+
+
+def test_contrastive_rule_stops_where_the_top_k_rule_cannot():
+    """Target 5 (rank 6 on every input) against foil 6: the order and the clean rank hold with any
+    kept tokens, so the contrastive rule stops every probe after one round; target 5 is never in
+    the top 3, so the paper's rule (forced, or by default without a foil) never stops."""
+    model = tiny_gpt2(dtype=F64)
+    head = ranked_head(model)
+    contrastive = Target(token=[5] * 3, foil=[6] * 3, head=head)
+    attr = attribute(model, PROMPTS, contrastive, method="reagent", max_probe_steps=5)
+    assert attr.meta["options"]["stopping_condition"] == "contrastive"
+    assert attr.meta["probe_steps"] == [1, 1, 1] and attr.meta["stopped_probes"] == [2, 2, 2]
+    for forced, target in [("top_k", contrastive), ("auto", Target(token=[5] * 3, head=head))]:
+        with pytest.warns(RuntimeWarning, match="no probe of items"):
+            paper = attribute(
+                model, PROMPTS, target, method="reagent", max_probe_steps=5,
+                stopping_condition=forced,
+            )  # fmt: skip
+        assert paper.meta["options"]["stopping_condition"] == "top_k"
+        assert paper.meta["probe_steps"] == [5, 5, 5] and paper.meta["stopped_probes"] == [0, 0, 0]
+    # the top-k rule does stop once the target is within the top k
+    wide = attribute(
+        model, PROMPTS, contrastive, method="reagent", max_probe_steps=5,
+        stopping_condition="top_k", stopping_condition_top_k=6,
+    )  # fmt: skip
+    assert wide.meta["probe_steps"] == [1, 1, 1]
+
+
+def test_contrastive_rule_needs_the_clean_order_and_rank():
+    """Target 5 is below its foil 4 on the clean input and on every perturbed one: the rule asks
+    for the clean order (below), so it stops after one round. 'contrastive' without a foil is an
+    error naming the fix."""
+    model = tiny_gpt2(dtype=F64)
+    head = ranked_head(model)
+    below = Target(token=[5] * 3, foil=[4] * 3, head=head)
+    attr = attribute(model, PROMPTS, below, method="reagent", max_probe_steps=3)
+    assert attr.meta["probe_steps"] == [1, 1, 1]
+    with pytest.raises(OptionError, match="has no foil"):
+        attribute(model, PROMPTS, Target(token=[5] * 3, head=head), method="reagent",
+                  stopping_condition="contrastive")  # fmt: skip

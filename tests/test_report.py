@@ -20,14 +20,11 @@ from lens_attrib.report import (
     ci_rows,
     ci_table_html,
     diverging_rgb,
-    escape_token,
-    explained_label,
     figure_html,
     footer_html,
     page_html,
     plotly_js,
     token_map_html,
-    visible_token,
 )
 from lens_attrib.tiny_models import tiny_gpt2
 
@@ -72,13 +69,7 @@ def test_bootstrap_large_n_is_chunked_but_equal_in_distribution():
     assert stat.high - stat.low == pytest.approx(2 * half, rel=0.15)
 
 
-# --------------------------------------------------------------------------- tokens, colours
-def test_visible_and_escaped_tokens():
-    assert visible_token(" were\n\t") == "␣were⏎⇥"
-    assert escape_token(" <b>&") == "␣&lt;b&gt;&amp;"
-    assert html.unescape(escape_token(' "x"')) == '␣"x"'
-
-
+# --------------------------------------------------------------------------- colours
 def test_diverging_colours_are_centred_and_monotone():
     assert diverging_rgb(0.0) == (255, 255, 255)
     assert diverging_rgb(1.0) == POSITIVE_RGB and diverging_rgb(-1.0) == NEGATIVE_RGB
@@ -122,8 +113,9 @@ def test_attribution_html_labels_and_target_free(tiny):
     target = Target()
     gxi = attribute(tiny, ["the keys to the cabinet", "the dog"], target, method="grad_x_input")
     norm = attribute(tiny, ["the keys to the cabinet"], target, method="embed_norm")
-    assert explained_label(gxi, 0) == gxi._target_label(0)
-    assert explained_label(norm, 0).startswith("target-free")
+    assert attribution_rows(gxi, [0])[0].explains == gxi.explained_label(0)
+    assert attribution_rows(norm)[0].explains == norm.explained_label(0)
+    assert norm.explained_label(0).startswith("target-free")
     page = gxi._repr_html_()
     assert page.count("<tr>") == 3  # header + one row per item
     assert len(_backgrounds(gxi.to_html(item=1))) == int(gxi.mask[1].sum())

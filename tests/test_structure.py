@@ -11,7 +11,7 @@ import pytest
 
 from lens_attrib import METHODS, OptionError, attribute
 from lens_attrib.cli import method_list, shard
-from lens_attrib.tiny_models import tiny_bert, tiny_gpt2
+from lens_attrib.tiny_models import tiny_gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"lens_attrib": ROOT / "lens_attrib", "lens_attrib.hooks": ROOT / "hooks"}
@@ -101,6 +101,76 @@ def test_sibling_modules_do_not_lean_on_each_other():
     assert not {"lens_attrib.attribution", "lens_attrib.methods"} & graph["lens_attrib.plot"]
 
 
+SHARED_MACHINERY = {
+    "lens_attrib.methods",  # the package: imports every module so that they register
+    "lens_attrib.methods.registry",  # MethodSpec, Option, the wrapper
+    "lens_attrib.methods.backprop",  # gradients at hooks, Gradient×Input pooling, shared options
+    "lens_attrib.methods.baselines",  # baselines of the path methods (IG, DeepLIFT)
+    "lens_attrib.methods.path_quadrature",  # adaptive quadrature (IG numerics)
+    "lens_attrib.methods.propagation",  # row tracing down token-mixing matrices
+    "lens_attrib.methods.alti_mixing",  # ALTI's transformed vectors and mixing (ALTI, GlobEnc)
+    "lens_attrib.methods.generation",  # Target(generate=N / continuation=...) as step batches
+    "lens_attrib.methods.seeding",  # per-item seeds (random, ReAGent)
+}
+"""Modules of ``lens_attrib/methods/`` that register no method: the machinery method modules
+share. Every other module there is a *method module* (it registers at least one method), and
+method modules import shared machinery, never each other."""
+
+
+def method_modules() -> set[str]:
+    """The modules of the library that define a registered method's core (methods a test
+    registers for a while live in its test module and are not the library's)."""
+    return {
+        s.core.__module__ for s in METHODS.values() if s.core.__module__.startswith("lens_attrib.")
+    }
+
+
+def test_every_methods_module_is_a_method_module_or_shared_machinery():
+    in_package = {m for m in _modules() if m.startswith("lens_attrib.methods")}
+    methods = method_modules()
+    assert methods <= in_package
+    assert not methods & SHARED_MACHINERY, (
+        f"shared machinery registers methods: {methods & SHARED_MACHINERY}"
+    )
+    unclassified = in_package - methods - SHARED_MACHINERY
+    assert not unclassified, (
+        f"{unclassified}: register a method there, or add it to SHARED_MACHINERY (with a reason)"
+    )
+    assert not SHARED_MACHINERY - in_package, f"gone: {SHARED_MACHINERY - in_package}"
+
+
+def method_module_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """For every method module, the other method modules it imports (should be none)."""
+    methods = method_modules()
+    return {m: bad for m in sorted(methods) if (bad := graph[m] & (methods - {m}))}
+
+
+def test_no_method_module_imports_another_method_module():
+    graph = import_graph()
+    assert not method_module_imports(graph), (
+        f"method modules importing method modules: {method_module_imports(graph)}; move what they "
+        "share into a shared module (SHARED_MACHINERY)"
+    )
+
+
+def test_the_method_import_check_finds_a_planted_import():
+    graph = {m: set() for m in method_modules()}
+    graph["lens_attrib.methods.deeplift"] = {
+        "lens_attrib.methods.integrated_gradients",
+        "lens_attrib.methods.baselines",
+    }
+    assert method_module_imports(graph) == {
+        "lens_attrib.methods.deeplift": {"lens_attrib.methods.integrated_gradients"}
+    }
+
+
+def test_the_rule_patches_compose_rules_and_do_not_import_each_other():
+    graph = import_graph()
+    lrp, deeplift = "lens_attrib.hooks.lrp", "lens_attrib.hooks.deeplift"
+    assert lrp not in graph[deeplift] and deeplift not in graph[lrp]
+    assert "lens_attrib.hooks.rules" in graph[lrp] & graph[deeplift]
+
+
 def test_architecture_is_asked_only_in_the_backend():
     pattern = re.compile(r"\bis_encoder\(")
     users = {
@@ -131,11 +201,27 @@ def test_option_errors_name_the_allowed_values():
         attribute(model, "the dog", method="gradient", n_steps=3)
 
 
-def test_methods_that_do_not_apply_name_the_one_that_does():
-    from lens_attrib import ModelError
-
-    with pytest.raises(ModelError, match="'alti'"):
-        attribute(tiny_bert(), "the dog", method="alti_logit")
+def test_the_heads_error_lists_the_methods_the_specs_give_head_relevances():
+    model = tiny_gpt2()
+    have = {n for n, s in METHODS.items() if s.head_relevances}
+    takes = {n for n in have if "heads" in METHODS[n].options}
+    assert takes and have - takes  # both kinds exist, so both lists are checked
+    for name in sorted(n for n, s in METHODS.items() if "heads" not in s.options):
+        if not METHODS[name].decoder:
+            continue
+        with pytest.raises(OptionError) as info:
+            attribute(model, "the dog", method=name, heads=True)
+        message = str(info.value)
+        if name in have:
+            assert message.startswith(f"{name} always returns per-head relevances"), message
+            continue
+        listed = re.search(
+            r"have them: \[(.*)\] \(with heads=True\) and \[(.*)\] \(always", message
+        )
+        assert listed, message
+        with_option, always = (set(re.findall(r"'(\w+)'", g)) for g in listed.groups())
+        assert with_option == takes and always == have - takes, message
+        assert name not in with_option | always
 
 
 def test_cli_types_check_before_anything_loads():
@@ -163,3 +249,15 @@ def test_the_architecture_page_lists_every_module():
     assert not listed - on_disk, (
         f"docs/ARCHITECTURE.md lists modules that do not exist: {listed - on_disk}"
     )
+
+
+def test_names_moved_out_of_gradient_still_import_with_a_warning():
+    import importlib
+
+    gradient = importlib.import_module("lens_attrib.methods.gradient")
+    for name, where in gradient.MOVED.items():
+        home = importlib.import_module(f"lens_attrib.methods.{where}")
+        with pytest.warns(DeprecationWarning, match=f"moved to lens_attrib.methods.{where}"):
+            assert getattr(gradient, name) is getattr(home, name)
+    with pytest.raises(AttributeError, match="no attribute 'bogus'"):
+        gradient.bogus  # noqa: B018

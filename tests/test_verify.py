@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lens_attrib import ModelError, OptionError, Target, TargetError, VerifyReport, verify
-from lens_attrib.heads import new_head
+from lens_attrib.classifiers.linear import new_head
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.methods import METHODS
 from lens_attrib.methods.registry import MethodOutput
@@ -154,7 +154,7 @@ def test_attnlrp_with_a_misreported_gap_fails(monkeypatch) -> None:
     corrupt(
         monkeypatch,
         "attnlrp",
-        lambda m, out: out.meta.update(conservation_gap=out.meta["conservation_gap"] * 0.99),
+        lambda m, out: out.meta.update(completeness_gap=out.meta["completeness_gap"] * 0.99),
     )
     report = verify(tiny_gpt2(dtype=F64), checks=["attnlrp_gap"])
     assert report.row("attnlrp_gap").status == "fail"

@@ -165,17 +165,6 @@ def test_guard_restores_model_after_exception(builder):
     user_hook_handle.remove()
 
 
-@pytest.mark.parametrize("builder", DECODERS)
-def test_methods_leave_model_unchanged(builder):
-    model = builder()
-    before = model_state_fingerprint(model)
-    attribute(model, ["the keys to the cabinet", "the dog"], method="grad_x_input")
-    with torch.no_grad():
-        attribute(model, "the dog", method="gradient")
-    assert model_state_fingerprint(model) == before
-    assert all(p.grad is None for p in model.parameters())
-
-
 def test_nan_model_is_reported():
     model = tiny_gpt2()
     with torch.no_grad():

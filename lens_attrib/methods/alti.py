@@ -306,7 +306,7 @@ def logit_direction(
 ) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch"]]:
     """``u`` (final norm folded into the head direction) and the constant bias term."""
     head = target.head
-    # a trained class head h(x) = linear(ln_final(x)) (lens_attrib.heads.LinearHead) has the
+    # a trained class head h(x) = linear(ln_final(x)) (lens_attrib.classifiers.LinearHead) has the
     # default head's structure: its linear map takes the place of the unembedding below
     normed = (
         head is not None
@@ -317,7 +317,7 @@ def logit_direction(
         if not isinstance(head, nn.Linear):
             raise TargetError(
                 "alti_logit needs a linear head on the final residual: pass Target(head=...) as "
-                "a torch.nn.Linear (its weight gives the direction), a lens_attrib.heads."
+                "a torch.nn.Linear (its weight gives the direction), a lens_attrib.classifiers."
                 "LinearHead, or use the default head (ln_final + unembed). Got "
                 f"{type(head).__name__}."
             )

@@ -3,6 +3,8 @@
 :func:`gradients_at` runs one hooked forward (:func:`lens_attrib.forward.run`) and one backward
 pass of ``Σ_b f_b`` to the captured activations; :func:`grad_x_input_scores` and
 :func:`head_relevances` turn activations and gradients into token and head relevances.
+:data:`EMBEDDING_OPTION` and :data:`HEADS_OPTION` are the options every method that reads
+gradients at the embeddings (and at ``attn.hook_z``) takes, with one meaning everywhere.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from lens_attrib.backend import EMBEDDINGS
 from lens_attrib.forward import Forward, FwdHooks, run
 from lens_attrib.inputs import Batch
+from lens_attrib.methods.registry import Option, is_bool
 from lens_attrib.target import Target
+
+EMBEDDING_OPTION = Option("full", choices=EMBEDDINGS, help="'full': token + positional (+ type)")
+HEADS_OPTION = Option(False, check=is_bool, help="also per-head relevances at attn.hook_z")
 
 
 def gradients_at(
@@ -93,4 +100,11 @@ def head_relevances(
     }
 
 
-__all__ = ["POOLINGS", "grad_x_input_scores", "gradients_at", "head_relevances"]
+__all__ = [
+    "EMBEDDING_OPTION",
+    "HEADS_OPTION",
+    "POOLINGS",
+    "grad_x_input_scores",
+    "gradients_at",
+    "head_relevances",
+]

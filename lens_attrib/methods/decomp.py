@@ -76,9 +76,9 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lens_attrib.backend import hook_name
+from lens_attrib.classifiers.linear import LinearHead
 from lens_attrib.errors import ModelError
 from lens_attrib.forward import Forward, no_grad_context, run
-from lens_attrib.heads import LinearHead
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.alti_mixing import (
     NormParams,

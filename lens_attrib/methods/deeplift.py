@@ -44,23 +44,18 @@ from lens_attrib.hooks.deeplift import (
     rescale_hooks,
 )
 from lens_attrib.inputs import Batch, pad_id_of
-from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at
-from lens_attrib.methods.gradient import (
-    BASELINES,
-    EMBEDDING_OPTION,
+from lens_attrib.methods.backprop import EMBEDDING_OPTION, grad_x_input_scores, gradients_at
+from lens_attrib.methods.baselines import (
     SINK_MODES,
+    baseline_check,
     default_baseline,
     embedding_baselines,
+    sink_needed,
     sink_positions,
     sink_token_id,
 )
 from lens_attrib.methods.registry import MethodOutput, Option, register
 from lens_attrib.target import ResolvedTarget, Target
-
-
-def _baseline_check(value: Any) -> str | None:
-    ok = value is None or isinstance(value, Tensor) or value in BASELINES
-    return None if ok else f"one of {list(BASELINES)}, a tensor, or None (the default)"
 
 
 def _eps_check(value: Any) -> str | None:
@@ -125,13 +120,6 @@ def _fixed_target(
     )
 
 
-def sink_needed(batch: Batch, b: int, keep_sink: str | bool) -> bool:
-    """Whether item ``b`` gets a sink token prepended (``keep_sink="special"``, a decoder prompt
-    without a leading special token; see :func:`~lens_attrib.methods.gradient.item_path`)."""
-    first = min(int(batch.first_real[b]), batch.length - 1)
-    return keep_sink == "special" and not batch.arch.encoder and not bool(batch.special[b, first])
-
-
 def baselines_of(
     model: Any, batch: Batch, names: list[str], baseline: str | Tensor, keep_sink: str | bool
 ) -> list[Tensor]:
@@ -166,7 +154,7 @@ def reference_rows(
     label="DeepLIFT",
     uses_gradient=True,
     options={
-        "baseline": Option(None, check=_baseline_check),
+        "baseline": Option(None, check=baseline_check),
         "embeddings": Option("partial", choices=EMBEDDING_OPTION.choices),
         "keep_sink": Option(True, choices=SINK_MODES),
         "activations": Option(
@@ -197,7 +185,7 @@ def deeplift(
     ``R_i = Σ_k Σ_d (e^k − b^k)_{i,d} ∂̃f/∂e^k_{i,d}``, ``∂̃`` with the Rescale multiplier
     ``(φ(h) − φ(h₀))/(h − h₀)`` at every element-wise activation (module docstring).
 
-    baseline, embeddings, keep_sink: as in :func:`~lens_attrib.methods.gradient.
+    baseline, embeddings, keep_sink: as in :func:`~lens_attrib.methods.integrated_gradients.
                integrated_gradients` (default baseline ``"zero"`` where positional embeddings keep
                the input away from zero, else the pad-token embedding; special tokens and the first
                real token keep their embedding and get no relevance).

@@ -1,13 +1,15 @@
-"""Generation turned into a batch of step targets: greedy (``Target(generate=N)``) or forced
-decoding of a given continuation (``Target(continuation=...)``, one per prompt of a batch).
+"""Generation turned into a batch of step targets: generated tokens (``Target(generate=N)``,
+greedy or seeded sampling) or forced decoding of a given continuation
+(``Target(continuation=...)``, optionally against a contrastive continuation, ``contrast=``), for
+one prompt or a batch of prompts (every prompt with its own continuation).
 
-For a prompt ``x_1..x_P`` the model greedily generates ``y_1..y_S`` (``S ≤ N``; generation stops
-after an end-of-sequence token). Step ``s`` explains the logit of ``y_s`` at position
-``P − 1 + s`` (0-based ``s``) of the sequence ``x_1..x_P y_1..y_{S−1}``. Every step row of the
-returned batch holds that same full sequence: causal attention makes the tokens after a step's
-position irrelevant to it, so a gradient method explains all steps in one forward and one backward
-pass over the batch of steps (rows never interact), exactly as if each step were explained on its
-own prefix.
+For a prompt ``x_1..x_P`` the model generates ``y_1..y_S`` (``S ≤ N``; generation stops after an
+end-of-sequence token; greedy, or sampled: :func:`sample_generate`). Step ``s`` explains the logit
+of ``y_s`` at position ``P − 1 + s`` (0-based ``s``) of the sequence ``x_1..x_P y_1..y_{S−1}``.
+Every step row of the returned batch holds that same full sequence: causal attention makes the
+tokens after a step's position irrelevant to it, so a gradient method explains all steps in one
+forward and one backward pass over the batch of steps (rows never interact), exactly as if each
+step were explained on its own prefix.
 """
 
 from __future__ import annotations
@@ -55,14 +57,17 @@ def greedy_generate(model: Any, tokens: Int[Tensor, "pos"], steps: int) -> list[
 def generation_batch(
     model: Any, batch: Batch, target: Target
 ) -> tuple[Batch, Target, dict[str, Any]]:
-    """Greedy tokens (``Target(generate=N)``) or a given continuation as a batch of steps.
+    """Generated tokens (``Target(generate=N)``, greedy or sampled) or a given continuation
+    (with per-step foils or a contrastive continuation) as a batch of steps.
 
     Returns ``(steps_batch, step_target, info)``: ``steps_batch`` has one row per step, every row
     of a prompt the sequence prompt + continuation[:-1]; ``step_target`` explains at that prompt's
     row ``s`` the token ``continuation[s]`` at position ``prompt_length − 1 + s``; ``info`` holds
     ``prompt_length``, ``generated_ids``, ``generated_tokens`` and ``steps`` (per prompt lists for
-    a batch of prompts, plus ``step_prompt`` / ``step_index`` per row) and, for a continuation,
-    ``step_scores`` (:func:`step_scores`); it is also stored in ``steps_batch.extra["generation"]``,
+    a batch of prompts), ``step_prompt`` / ``step_index`` (per row: whose step it is),
+    ``sampling`` (sampled generations: seed and options) and, for a continuation,
+    ``step_scores`` (:func:`step_scores`; with a contrast also :func:`add_contrast_info`'s
+    entries); it is also stored in ``steps_batch.extra["generation"]``,
     from where it reaches ``Attribution.meta``.
     """
     forced = target.continuation is not None
@@ -72,11 +77,6 @@ def generation_batch(
     if batch.arch.encoder:
         raise TargetError(
             f"{what} needs a decoder (HookedTransformer): an encoder does not generate."
-        )
-    if not forced and batch.size != 1:
-        raise TargetError(
-            f"Target(generate=N) explains the generation of a single prompt, got {batch.size} "
-            "prompts: call the method once per prompt."
         )
     fixed = {"token": target.token, "position": target.position, "head": target.head}
     if not forced:
@@ -90,16 +90,30 @@ def generation_batch(
             f"{what} explains {own} with its LM head; {set_fields} cannot be combined with it."
         )
     prompts = [batch.tokens[b][batch.mask[b]] for b in range(batch.size)]
+    contrasts: list[list[int]] | None = None
+    sampling: dict[str, Any] | None = None
     if forced:
         continuations = continuation_ids(model, target.continuation, batch.size)
-        foils = step_foils(target.foil, [len(c) for c in continuations])
+        foils: list[str | int] | None
+        if target.contrast is not None:
+            contrasts = continuation_ids(model, target.contrast, batch.size, "contrast")
+            foils, aligned = contrast_foils(continuations, contrasts, target.contrast_alignments)
+        else:
+            foils = step_foils(target.foil, [len(c) for c in continuations])
     else:
-        continuations = [greedy_generate(model, prompts[0], int(target.generate))]
+        continuations, sampling = generate_continuations(model, prompts, target)
         foils = None
-    return steps_of(model, batch, prompts, continuations, foils, forced)
+    steps_batch, step_target, info = steps_of(model, batch, prompts, continuations, foils, forced)
+    if sampling is not None:
+        info["sampling"] = sampling
+    if contrasts is not None:
+        add_contrast_info(model, batch, prompts, continuations, contrasts, aligned, info)
+    return steps_batch, step_target, info
 
 
-def continuation_ids(model: Any, spec: Any, n_prompts: int) -> list[list[int]]:
+def continuation_ids(
+    model: Any, spec: Any, n_prompts: int, what: str = "continuation"
+) -> list[list[int]]:
     """Token ids of every prompt's continuation.
 
     A string is tokenized **on its own**, without special tokens
@@ -112,8 +126,8 @@ def continuation_ids(model: Any, spec: Any, n_prompts: int) -> list[list[int]]:
     specs = spec if isinstance(spec, list) and spec and not isinstance(spec[0], int) else [spec]
     if len(specs) != n_prompts:
         raise TargetError(
-            f"Target(continuation=...) got {len(specs)} continuation(s) for {n_prompts} "
-            "prompt(s): pass one continuation per prompt (a list of strings or id lists)."
+            f"Target({what}=...) got {len(specs)} {what}(s) for {n_prompts} "
+            f"prompt(s): pass one {what} per prompt (a list of strings or id lists)."
         )
     vocab = int(model.cfg.d_vocab)
     out: list[list[int]] = []
@@ -246,11 +260,10 @@ def steps_of(
         foil=foils,
         position=[lengths[b] - 1 + s for b, s in zip(row_prompt, row_step, strict=True)],
     )
+    info["step_prompt"] = row_prompt
+    info["step_index"] = row_step
     if forced:
         info["continuation"] = True
-        if not single:
-            info["step_prompt"] = row_prompt
-            info["step_index"] = row_step
         info["step_scores"] = step_scores(model, steps_batch, step_target, row_prompt)
     return steps_batch, step_target, info
 
@@ -297,4 +310,282 @@ def step_scores(
     return {k: v.detach().cpu() for k, v in scores.items()}
 
 
-__all__ = ["continuation_ids", "generation_batch", "greedy_generate", "step_scores"]
+# --------------------------------------------------------------------------- sampling
+def next_token_distribution(
+    logits: Float[Tensor, "vocab"],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Float[Tensor, "vocab"]:
+    """The float64 distribution a sampled step draws from (on the CPU).
+
+    ``p = softmax(z / temperature)`` over the tokens kept by, in this order (Hugging Face
+    ``generate``'s order and rules): ``top_k`` — the tokens whose scaled logit is at least the
+    ``k``-th largest (ties at the boundary kept); ``top_p`` — of those, the most likely tokens
+    in descending order up to and including the first at which their cumulative probability
+    reaches ``top_p`` (at least one token). Removed tokens get probability 0 and the kept ones
+    are renormalised.
+    """
+    z = logits.detach().to(device="cpu", dtype=torch.float64) / float(temperature)
+    if top_k is not None and top_k < z.numel():
+        kth = torch.topk(z, int(top_k)).values[-1]
+        z = z.masked_fill(z < kth, float("-inf"))
+    p = torch.softmax(z, -1)
+    if top_p is not None and top_p < 1.0:
+        order = torch.argsort(p, descending=True, stable=True)
+        sorted_p = p[order]
+        before = torch.cumsum(sorted_p, 0) - sorted_p  # mass of the more likely tokens
+        keep_sorted = before < float(top_p)
+        keep_sorted[0] = True
+        keep = torch.zeros_like(keep_sorted)
+        keep[order] = keep_sorted
+        p = torch.where(keep, p, torch.zeros_like(p))
+        p = p / p.sum()
+    return p
+
+
+def draw_token(p: Float[Tensor, "vocab"], generator: torch.Generator) -> int:
+    """Inverse-CDF draw: ``u ~ U[0, 1)`` from ``generator`` (float64), then the first token
+    ``v`` (in vocabulary order) with ``Σ_{w ≤ v} p_w > u · Σ_w p_w`` (never a token of
+    probability 0)."""
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    cdf = torch.cumsum(p, 0)
+    return int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_max(p.numel() - 1))
+
+
+def sample_generate(
+    model: Any,
+    tokens: Int[Tensor, "pos"],
+    steps: int,
+    *,
+    seed: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> list[int]:
+    """``steps`` sampled tokens after ``tokens``: step by step, a draw (:func:`draw_token`) from
+    :func:`next_token_distribution` of the model's logits at the last position, with a CPU
+    ``torch.Generator`` seeded with ``seed`` (the same seed gives the same tokens).
+
+    One full forward per step, inside ``model_guard`` and ``torch.inference_mode`` (as
+    :func:`greedy_generate`); stops after the tokenizer's end-of-sequence token.
+    """
+    eos = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
+    n_ctx = int(model.cfg.n_ctx)
+    generator = torch.Generator().manual_seed(int(seed))
+    generated: list[int] = []
+    seq = tokens.reshape(1, -1)
+    with model_guard(model), torch.inference_mode():
+        for _ in range(steps):
+            if seq.shape[1] >= n_ctx:
+                raise InputError(
+                    f"Generating {steps} tokens after a prompt of {tokens.numel()} tokens exceeds "
+                    f"the model's context n_ctx={n_ctx}: ask for fewer steps."
+                )
+            logits = model(seq)[0, -1]
+            p = next_token_distribution(logits, temperature, top_k, top_p)
+            nxt = draw_token(p, generator)
+            generated.append(nxt)
+            seq = torch.cat([seq, seq.new_tensor([[nxt]])], dim=1)
+            if eos is not None and nxt == int(eos):
+                break
+    return generated
+
+
+def generate_continuations(
+    model: Any, prompts: list[Tensor], target: Target
+) -> tuple[list[list[int]], dict[str, Any] | None]:
+    """Every prompt's generated tokens: greedy, or sampled (``Target(sample=True)``) with one
+    generator per prompt seeded with ``target.seed`` (drawn from torch's global generator when
+    ``None``). Returns the tokens and, when sampling, ``meta["sampling"]`` (seed and options)."""
+    steps = int(target.generate)
+    if not target.sample:
+        return [greedy_generate(model, p, steps) for p in prompts], None
+    seed = target.seed
+    if seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    tokens = [
+        sample_generate(
+            model,
+            p,
+            steps,
+            seed=seed,
+            temperature=target.temperature,
+            top_k=target.top_k,
+            top_p=target.top_p,
+        )
+        for p in prompts
+    ]
+    options = {"temperature": target.temperature, "top_k": target.top_k, "top_p": target.top_p}
+    return tokens, {"sample": True, "seed": seed, **options}
+
+
+# --------------------------------------------------------------------------- contrast
+def _alignment_lists(alignments: Any, n_prompts: int) -> list[list[tuple[int, int]]]:
+    """``contrast_alignments`` as one list of ``(step, contrast index)`` pairs per prompt."""
+    if alignments is None:
+        return [[] for _ in range(n_prompts)]
+
+    def is_pair(x: Any) -> bool:
+        return (
+            isinstance(x, list | tuple)
+            and len(x) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+        )
+
+    given = list(alignments)
+    if all(is_pair(x) for x in given):
+        per_prompt = [given]
+    elif all(isinstance(x, list | tuple) and all(is_pair(y) for y in x) for x in given):
+        per_prompt = [list(x) for x in given]
+    else:
+        raise TargetError(
+            f"contrast_alignments must be a list of (step, contrast index) pairs (one list per "
+            f"prompt for a batch), got {alignments!r}."
+        )
+    if len(per_prompt) != n_prompts:
+        raise TargetError(
+            f"contrast_alignments has {len(per_prompt)} list(s) of pairs for {n_prompts} "
+            "prompt(s): pass one list per prompt."
+        )
+    return [[(int(a), int(b)) for a, b in pairs] for pairs in per_prompt]
+
+
+def align_contrast(n_steps: int, n_contrast: int, pairs: list[tuple[int, int]]) -> list[int]:
+    """The contrast index ``a(s)`` of every step (Inseq's rule for ``contrast_targets``).
+
+    Given pairs are sorted and deduplicated; a step with several pairs takes the first whose
+    contrast index is not yet taken (else the first). A step without a pair is aligned right to
+    left: ``a(s) = n_contrast − (n_steps − s)`` (the last step with the last contrast token;
+    for equal lengths ``a(s) = s``). Pairs outside the two sequences, and steps that the rule
+    would align before the contrast's first token, are errors.
+    """
+    bad = [(a, b) for a, b in pairs if not (0 <= a < n_steps and 0 <= b < n_contrast)]
+    if bad:
+        raise TargetError(
+            f"contrast_alignments pairs {bad[:4]} fall outside the continuation ({n_steps} "
+            f"steps) or the contrast ({n_contrast} tokens): pairs are (step, contrast index), "
+            "0-based."
+        )
+    ordered = sorted(set(pairs))
+    aligned: list[int] = []
+    for s in range(n_steps):
+        matches = [b for a, b in ordered if a == s]
+        if matches:
+            free = [b for b in matches if b not in aligned]
+            aligned.append(free[0] if free else matches[0])
+            continue
+        b = n_contrast - (n_steps - s)
+        if b < 0:
+            raise TargetError(
+                f"Step {s} of a {n_steps}-token continuation has no contrast token: the "
+                f"contrast has {n_contrast} tokens, and steps without a pair in "
+                "contrast_alignments are aligned right to left. Pass "
+                "contrast_alignments=[(step, contrast index), ...] for these steps."
+            )
+        aligned.append(b)
+    return aligned
+
+
+def contrast_foils(
+    continuations: list[list[int]], contrasts: list[list[int]], alignments: Any
+) -> tuple[list[str | int], list[list[int]]]:
+    """One foil per step row (prompt by prompt): the aligned contrast token
+    ``contrast[a(s)]`` (:func:`align_contrast`); also returns every prompt's ``a``."""
+    pairs = _alignment_lists(alignments, len(continuations))
+    foils: list[str | int] = []
+    aligned: list[list[int]] = []
+    for cont, contrast, given in zip(continuations, contrasts, pairs, strict=True):
+        a = align_contrast(len(cont), len(contrast), given)
+        aligned.append(a)
+        foils.extend(contrast[i] for i in a)
+    return foils, aligned
+
+
+def contrast_step_scores(
+    model: Any,
+    batch: Batch,
+    prompts: list[Tensor],
+    contrasts: list[list[int]],
+    aligned: list[list[int]],
+) -> dict[str, Float[Tensor, "row"]]:
+    """Scores of every step's contrast token under the contrast's **own** prefix.
+
+    For step ``s`` of prompt ``x`` with contrast ``c`` and alignment ``a``:
+    ``z' = head(x' [P − 1 + a(s)])`` from one no-grad forward of ``x + c[:max a]`` (``P`` the
+    prompt's length), and ``contrast_logit = z'[c[a(s)]]``, ``contrast_probability =
+    softmax(z')[c[a(s)]]``, ``contrast_log_probability`` (Inseq's ``contrast_logits`` /
+    ``contrast_prob`` step scores with ``contrast_targets``).
+    """
+    from lens_attrib.inputs import to_batch
+
+    sequences = [
+        p.tolist() + c[: max(a)] for p, c, a in zip(prompts, contrasts, aligned, strict=True)
+    ]
+    contrast_batch = to_batch(model, sequences)
+    rows = [b for b, a in enumerate(aligned) for _ in a]
+    positions = [int(prompts[b].numel()) - 1 + i for b, a in enumerate(aligned) for i in a]
+    ids = [contrasts[b][i] for b, a in enumerate(aligned) for i in a]
+    with no_grad_context(model):
+        resid = resid_of(model, contrast_batch)
+        device = resid.device
+        index = torch.tensor(
+            [contrast_batch.real_index(b, p) for b, p in zip(rows, positions, strict=True)],
+            device=device,
+        )
+        logits = Target().head_fn(model)(resid[torch.tensor(rows, device=device), index])
+        log_p = logits.log_softmax(-1)
+        idx = torch.arange(len(ids), device=device)
+        tok = torch.tensor(ids, device=device)
+        scores = {
+            "contrast_logit": logits[idx, tok],
+            "contrast_probability": log_p[idx, tok].exp(),
+            "contrast_log_probability": log_p[idx, tok],
+        }
+    return {k: v.detach().cpu() for k, v in scores.items()}
+
+
+def add_contrast_info(
+    model: Any,
+    batch: Batch,
+    prompts: list[Tensor],
+    continuations: list[list[int]],
+    contrasts: list[list[int]],
+    aligned: list[list[int]],
+    info: dict[str, Any],
+) -> None:
+    """Record the contrast in ``info`` (→ ``meta``): ``contrast_ids``, ``contrast_tokens``,
+    ``contrast_alignments`` (``a`` of every step, per prompt) and the step scores of
+    :func:`contrast_step_scores` with ``contrast_logit_difference = logit − contrast_logit``
+    and ``contrast_probability_difference = probability − contrast_probability`` (Inseq's
+    ``contrast_logits_diff`` / ``contrast_prob_diff`` step scores: each token under its own
+    prefix). ``logit_difference`` stays the explained scalar (both logits on the original
+    prefix)."""
+    single = len(prompts) == 1
+    info["contrast_ids"] = contrasts[0] if single else contrasts
+    info["contrast_tokens"] = (
+        str_tokens_of(model, contrasts[0])
+        if single
+        else [str_tokens_of(model, c) for c in contrasts]
+    )
+    info["contrast_alignments"] = aligned[0] if single else aligned
+    scores = info["step_scores"]
+    extra = contrast_step_scores(model, batch, prompts, contrasts, aligned)
+    extra["contrast_logit_difference"] = scores["logit"] - extra["contrast_logit"]
+    extra["contrast_probability_difference"] = scores["probability"] - extra["contrast_probability"]
+    scores.update(extra)
+
+
+__all__ = [
+    "align_contrast",
+    "continuation_ids",
+    "contrast_foils",
+    "contrast_step_scores",
+    "draw_token",
+    "generate_continuations",
+    "generation_batch",
+    "greedy_generate",
+    "next_token_distribution",
+    "sample_generate",
+    "step_scores",
+]

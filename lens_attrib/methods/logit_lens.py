@@ -42,6 +42,7 @@ from lens_attrib.backend import (
     pre_unembed,
     resid_hook_names,
     unembedding,
+    vocab_size,
 )
 from lens_attrib.errors import TargetError
 from lens_attrib.forward import resid_of, target_rows
@@ -197,7 +198,7 @@ def _label_only(model: Any, batch: Batch, target: Target) -> tuple[ResolvedTarge
         zeros = torch.zeros(batch.size, dtype=torch.long, device=positions.device)
         return ResolvedTarget(positions, zeros, None, True), False
     if target.token is not None and target.head is None and not target.regression:
-        n_out = int(unembedding(model)[0].shape[-1])
+        n_out = vocab_size(model)
         head_out = torch.zeros(batch.size, n_out, device=batch.tokens.device)
         return target.resolve(model, batch, head_out), True
     final = resid_of(model, batch)

@@ -18,11 +18,13 @@ token only with ``"partial"``), where ``∂̃`` is the patched gradient.
   Propagation for Transformers"): norm scales detached, identity rule through activations, uniform
   rule (half to each factor) on ``q·k``, ``A·v`` and ``φ(gate)·up``, plain Gradient×Input through
   the softmax. The softmax rule is not conservative, so ``Σ_i R_i ≠ f`` in general:
-  ``meta["conservation_gap"] = f − Σ_i R_i`` reports the gap (per item), never hidden.
+  ``meta["completeness_gap"] = f − Σ_i R_i`` reports the gap (per item), never hidden.
 
 Both store ``meta["relevance_sum"]`` (``Σ_i R_i`` over real tokens), ``meta["explained_value"]``
-(``f``) and ``meta["conservation_gap"]``; with ``heads=True`` also per-head relevances from the
-same backward pass (see :func:`lens_attrib.methods.gradient.head_relevances`).
+(``f``) and ``meta["completeness_gap"]`` (the same key as the sum-rule gap of Integrated Gradients
+and DeepLIFT, whose reference is ``f(b)``; LRP's reference is 0); with ``heads=True`` also
+per-head relevances from the same backward pass (see
+:func:`lens_attrib.methods.backprop.head_relevances`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,13 @@ import torch
 from lens_attrib.backend import embedding_hooks, head_output_hooks
 from lens_attrib.hooks.lrp import IDENTITY_EPS, lrp_hooks, mlm_head_patch
 from lens_attrib.inputs import Batch
-from lens_attrib.methods.backprop import grad_x_input_scores, gradients_at, head_relevances
-from lens_attrib.methods.gradient import EMBEDDING_OPTION, HEADS_OPTION
+from lens_attrib.methods.backprop import (
+    EMBEDDING_OPTION,
+    HEADS_OPTION,
+    grad_x_input_scores,
+    gradients_at,
+    head_relevances,
+)
 from lens_attrib.methods.registry import MethodOutput, Option, register
 from lens_attrib.target import Target
 
@@ -85,7 +92,7 @@ def lrpx(
         meta={
             "explained_value": value.cpu(),
             "relevance_sum": relevance_sum.cpu(),
-            "conservation_gap": (value - relevance_sum).cpu(),
+            "completeness_gap": (value - relevance_sum).cpu(),
         },
         **fields,
     )

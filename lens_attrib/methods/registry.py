@@ -35,6 +35,8 @@ from torch import Tensor
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Arch, arch_of, check_applies_to, processing_signatures
+from lens_attrib.chat import chat_inputs, chat_meta
+from lens_attrib.classifiers.checkpoint_head import with_model_head
 from lens_attrib.errors import (
     InputError,
     ModelError,
@@ -44,7 +46,6 @@ from lens_attrib.errors import (
 )
 from lens_attrib.finite import check_score_weights, raise_if_weights_nonfinite
 from lens_attrib.forward import grad_context, no_grad_context
-from lens_attrib.heads import with_model_head
 from lens_attrib.inputs import Batch, StartTokenLike, start_token_meta, to_batch
 from lens_attrib.progress import bars_closed_after
 from lens_attrib.target import ResolvedTarget, Target, warn_about_spaces
@@ -185,6 +186,13 @@ TARGET_FIELDS = (
     "generate",
     "continuation",
     "labels",
+    "sample",
+    "seed",
+    "temperature",
+    "top_k",
+    "top_p",
+    "contrast",
+    "contrast_alignments",
 )
 
 
@@ -193,8 +201,9 @@ def unknown_option_error(spec: MethodSpec, name: str, value: Any) -> OptionError
     a close spelling)."""
     options = sorted(spec.options) or "none"
     if name == "heads":
-        takes = sorted(n for n, s in METHODS.items() if "heads" in s.options)
-        always = sorted(n for n, s in METHODS.items() if s.head_relevances and n not in takes)
+        have = {n: s for n, s in METHODS.items() if s.head_relevances}  # from the specs only
+        takes = sorted(n for n, s in have.items() if "heads" in s.options)
+        always = sorted(n for n, s in have.items() if "heads" not in s.options)
         if spec.head_relevances:
             return OptionError(
                 f"{spec.name} always returns per-head relevances (attr.head_scores): it takes "
@@ -267,6 +276,7 @@ def prepare(
             f"write Target({target!r}) for a token, and pass the method by name "
             "(method='...')."
         )
+    inputs, chats = chat_inputs(inputs)  # ChatPrompt(s): their ids, segments kept for meta
     texts = prompt_texts(inputs)
     if texts is not None and getattr(model, "tokenizer", None) is None:
         raise InputError(
@@ -282,6 +292,8 @@ def prepare(
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
     )
+    if chats is not None:
+        batch.extra["chat"] = chats
     target = with_model_head(model, target or Target())
     warn_about_spaces(model, batch, target, texts)
     if target.generate > 0 or target.continuation is not None:  # one row per step (generation.py)
@@ -406,6 +418,7 @@ def package(
         meta["foil_tokens"] = token_labels(model, target, resolved.foil_ids)
     meta.update(start_token_meta(batch))  # per item, and the policy (inputs.start_token_of)
     meta.update(batch.extra.get("generation", {}))  # prompt_length, generated ids (generate>0)
+    meta.update(chat_meta(batch.extra, batch.size))  # role segments of ChatPrompt inputs
     if out.layer_scores is not None:
         meta["layers"] = (
             out.layers if out.layers is not None else list(range(int(out.layer_scores.shape[1])))

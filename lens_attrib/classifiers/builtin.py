@@ -14,12 +14,13 @@ name                      model         training data                           
 ``minilm-l6-stsb``        MiniLM-L6     STS-B dev, a seeded 70 % split (1,050 pairs)     other 30 %
 ========================  ============  ==============================================  =========
 
-Training, in two stages. (1) A linear head on the frozen model (:mod:`lens_attrib.heads`;
-decoders: last real token through ``ln_final``; encoders: ``[CLS]``), fitted on cached features.
-(2) Starting from it, the last ``k`` blocks and the head are fine-tuned together
-(:mod:`lens_attrib.finetune`; ``ClassifierSpec.tuned_blocks``/``epochs``/``lr``: SmolLM2 k = 4 of
-30 blocks, 1 epoch; MiniLM k = 6 of 6, 2 epochs on SST-2 and 6 on STS-B; lr 5e-5, head 5e-4).
-Training phrases are the first ones of the (shuffled) GLUE SST-2 train file with at least four
+Training, in two stages. (1) A linear head on the frozen model
+(:mod:`lens_attrib.classifiers.linear`; decoders: last real token through ``ln_final``; encoders:
+``[CLS]``), fitted on cached features. (2) Starting from it, the last ``k`` blocks and the head are
+fine-tuned together (:mod:`lens_attrib.classifiers.finetune`;
+``ClassifierSpec.tuned_blocks``/``epochs``/``lr``: SmolLM2 k = 4 of 30 blocks, 1 epoch; MiniLM k = 6
+of 6, 2 epochs on SST-2 and 6 on STS-B; lr 5e-5, head 5e-4). Training phrases are the first ones of
+the (shuffled) GLUE SST-2 train file with at least four
 words (the dev set holds whole sentences; one- to three-word phrases add little). STS-B pairs are
 given as ``(sentence1, sentence2)`` tuples (:func:`stsb_inputs`), which
 :func:`lens_attrib.inputs.to_batch` encodes as the tokenizer's pair encoding
@@ -33,16 +34,24 @@ the same segments: pass ``(s1, s2)`` tuples, or ids with ``token_type_ids``
 The regression head predicts the 0–5 score.
 
 Cache: ``$LENS_ATTRIB_CACHE/classifiers/<name>-<data hash>-s<seed>/`` holds the linear head
-(:func:`lens_attrib.heads.save_head`, metadata: data hash, seed, n, dev accuracy / Pearson r,
-weight decay, recipe version) and the training features;
+(:func:`lens_attrib.classifiers.linear.save_head`, metadata: data hash, seed, n, dev accuracy /
+Pearson r, weight decay, recipe version) and the training features;
 ``<that folder>-k<k>-e<epochs>-lr<lr>/`` holds the fine-tuned blocks and head (metadata adds
 ``linear_dev_score`` and the fine-tune's settings, steps, final loss and time). A head fitted by
-an earlier recipe (``heads.HEAD_FIT``) is refitted from the cached features and re-tuned. First
-use, measured on the 2 shared CPU cores of this project's machines with other jobs running
-(1 torch thread): 11 to 30 min for ``minilm-l6-stsb`` (fine-tune 10.5 min on 2026-11-25 with two
-other jobs beside it, 29 min under a heavier load), 55 min for
-``minilm-l6-sst2`` (features 8 min, fine-tune 44 min), 2 h for ``smollm2-135m-sst2`` (features
-54 min, fine-tune 59 min); later calls load in seconds.
+an earlier recipe (``linear.HEAD_FIT``) is refitted from the cached features and re-tuned.
+
+First use. The frozen lower blocks run once per training item, at its own length, and serve both
+stages (:mod:`lens_attrib.classifiers.frozen_prefix`): stage 1's training features run only the
+blocks above them, and every fine-tuning step runs only the trained blocks, its items in chunks of
+similar length (little padding); dev features are batched by length. The numbers are those of the
+padded whole-model forward to float rounding (the cache key did not change; on 320 SST-2 items and
+300 dev items, old and new code reached the same dev accuracy, 0.683, and final losses 4e-7 apart).
+Measured with ``benchmarks/bench_training.py`` (1 torch thread, CPU time, extrapolated from 96
+items; the 2 shared cores were ~8× oversubscribed, so wall time was ~10× the CPU time):
+``minilm-l6-sst2`` 10.3 CPU-min (was 14.6: 2.6 features + 12.1 fine-tune), ``smollm2-135m-sst2``
+13.9 CPU-min (was 36.7: 18.2 + 18.5; an extra epoch now costs 4.5). Before, on 2026-11-25 under a
+lighter load, first use took 11 to 30 min wall for ``minilm-l6-stsb``, 55 min for ``minilm-l6-sst2``
+and 2 h for ``smollm2-135m-sst2``; later calls load in seconds.
 
 Reached (dev accuracy / Pearson r; linear head on the frozen model → fine-tuned, measured
 2026-11-25): ``minilm-l6-sst2`` 0.752 → 0.852 (goal 0.85), ``minilm-l6-stsb`` 0.511 → 0.760 on
@@ -56,11 +65,12 @@ cache entry, trained on first use).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -68,7 +78,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from lens_attrib.heads import (
+from lens_attrib.backend import arch_of
+from lens_attrib.classifiers.frozen_prefix import FrozenPrefix, build_prefix, prefix_features
+from lens_attrib.classifiers.linear import (
     HEAD_FIT,
     WEIGHT_DECAYS,
     LinearHead,
@@ -78,7 +90,6 @@ from lens_attrib.heads import (
     load_head,
     residual_features,
     save_head,
-    score,
 )
 from lens_attrib.inputs import start_token_of
 from lens_attrib.target import Target
@@ -238,10 +249,14 @@ def train_or_load(
     model_name: str | None = None,
     extra: dict[str, Any] | None = None,
     weight_decays: Sequence[float] = WEIGHT_DECAYS,
+    prefix: Callable[[], FrozenPrefix] | None = None,
 ) -> tuple[LinearHead, dict[str, Any]]:
     """The head saved in ``folder``, or train it (features → :func:`fit_head`), score it on the
     dev data, save it there and return it with its metadata. The features are kept in
-    ``folder/features.pt`` with the data hash, so that a re-fit does not recompute them."""
+    ``folder/features.pt`` with the data hash, so that a re-fit does not recompute them.
+    ``prefix``: gives the training inputs' kept frozen-block residuals
+    (:mod:`lens_attrib.classifiers.frozen_prefix`) when fine-tuning will need them anyway; the
+    training features are then computed from them (only the blocks above run)."""
     path = Path(folder)
     start = start_token_of(model).text
     if (path / "head.json").is_file():
@@ -257,7 +272,10 @@ def train_or_load(
     if stored.get("data_hash") == key and len(stored["dev"]) == len(dev_inputs):
         features, dev_features = stored["train"], stored["dev"]  # computed by an earlier call
     else:
-        features = residual_features(model, train_inputs, batch_size=batch_size)
+        if prefix is None:
+            features = residual_features(model, train_inputs, batch_size=batch_size)
+        else:
+            features = prefix_features(model, prefix())
         dev_features = residual_features(model, dev_inputs, batch_size=batch_size)
         path.mkdir(parents=True, exist_ok=True)
         torch.save({"train": features, "dev": dev_features, "data_hash": key}, cached)
@@ -338,6 +356,9 @@ def load_classifier(
     dev_tag = "" if n_dev is None else f"-dev{n_dev}"
     folder = cache_root(cache_dir) / "classifiers" / f"{name}-{key[:12]}-s{spec.seed}{dev_tag}"
     regression = spec.task == "stsb"
+    # the frozen lower blocks run once, for both stages, and only if a stage trains
+    layer = arch_of(model).n_layers - spec.tuned_blocks
+    prefix = functools.cache(lambda: build_prefix(model, inputs, layer))
     head, meta = train_or_load(
         model,
         folder,
@@ -350,10 +371,11 @@ def load_classifier(
         seed=spec.seed,
         model_name=spec.model,
         extra={"name": name, "model": spec.model, "task": spec.task, **about},
+        prefix=prefix if spec.tuned_blocks and not frozen else None,
     )
     if spec.tuned_blocks and not frozen:
         model, head, meta = tune_or_load(
-            model, head, meta, folder, spec, inputs, targets, dev_inputs, dev_targets
+            model, head, meta, folder, spec, inputs, targets, dev_inputs, dev_targets, prefix
         )
     labels = None if regression else SST2_LABELS
     info = ClassifierInfo(name, labels, regression, feature_position(model), meta)
@@ -370,10 +392,17 @@ def tune_or_load(
     targets: Tensor,
     dev_inputs: Sequence[Any],
     dev_targets: Tensor,
+    prefix: Callable[[], FrozenPrefix] | None = None,
 ) -> tuple[Any, LinearHead, dict[str, Any]]:
-    """The fine-tuned copy of ``model`` and its head (:mod:`lens_attrib.finetune`), from
-    ``<folder>-k<k>-e<epochs>-lr<lr>`` or trained there, starting from the frozen-model head."""
-    from lens_attrib.finetune import BLOCKS_FILE, fine_tune, head_rows, save_blocks, tuned_model
+    """The fine-tuned copy of ``model`` and its head (:mod:`lens_attrib.classifiers.finetune`), from
+    ``<folder>-k<k>-e<epochs>-lr<lr>`` or trained there, starting from the frozen-model head
+    (``prefix``: gives the inputs' kept frozen-block residuals, as in :func:`train_or_load`)."""
+    from lens_attrib.classifiers.finetune import (
+        BLOCKS_FILE,
+        fine_tune,
+        save_blocks,
+        tuned_model,
+    )
 
     tag = f"-k{spec.tuned_blocks}-e{spec.epochs}-lr{spec.lr:g}"
     tuned_folder = folder.with_name(folder.name + tag)
@@ -393,18 +422,13 @@ def tune_or_load(
         epochs=spec.epochs,
         lr=spec.lr,
         seed=spec.seed,
+        prefix=None if prefix is None else prefix(),
     )
-    with torch.no_grad():
-        out = torch.cat(
-            [
-                head_rows(tuned, tuned_head, dev_inputs[i : i + 32]).cpu()
-                for i in range(0, len(dev_inputs), 32)
-            ]
-        )
+    dev_features = residual_features(tuned, dev_inputs)
     meta = {
         **head_meta,
         "linear_dev_score": head_meta.get("dev_score"),
-        "dev_score": score(out, dev_targets, regression),
+        "dev_score": evaluate_head(tuned_head, dev_features, dev_targets, regression),
         "fine_tune": info,
     }
     save_blocks(tuned, spec.tuned_blocks, tuned_folder)

@@ -1,4 +1,4 @@
-"""Trainable classification and regression heads on a frozen model.
+"""Trainable linear classification and regression heads on a model's final residual.
 
 Features. Item ``b``'s feature is its final residual ``x_b[p_b]`` (the stream the model's own head
 reads, :func:`lens_attrib.forward.resid_of`) at the *feature position* ``p_b``: the last real
@@ -32,8 +32,8 @@ folder; loading is bit-exact and re-attaches the given model's ``ln_final``.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.backend import CLASS_HEAD, arch_of, attached_head, final_norm
+from lens_attrib.backend import arch_of, final_norm
 from lens_attrib.forward import no_grad_context, resid_of, target_rows
 from lens_attrib.inputs import to_batch
 from lens_attrib.progress import progress_bar
-from lens_attrib.target import Target
 
 WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2, 1e-1)
 HEAD_FORMAT = "1"
@@ -107,20 +106,49 @@ def residual_features(
 
     ``inputs``: anything :func:`lens_attrib.inputs.to_batch` takes item by item — strings,
     ``(s1, s2)`` sentence pairs (encoders: ``[CLS] s1 [SEP] s2 [SEP]`` with its segment ids), or
-    token-id lists (segment 0 on every token).
+    token-id lists (segment 0 on every token). Batches hold inputs of similar length (sorted by
+    token count), so little of a batch is padding; rows come back in the order of ``inputs``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     position = feature_position(model)
+    lengths = [len(item.tokens) for item in item_tokens(model, inputs)]
+    order = sorted(range(len(inputs)), key=lambda i: lengths[i])
     rows: list[Tensor] = []
     with no_grad_context(model):
         starts = range(0, len(inputs), batch_size)
         for start in progress_bar(starts, desc="features", unit="batch"):
-            batch = to_batch(model, list(inputs[start : start + batch_size]))
+            batch = to_batch(model, [inputs[i] for i in order[start : start + batch_size]])
             resid = resid_of(model, batch)
             pos = batch.last_real if position is None else batch.first_real + position
             rows.append(target_rows(resid, pos).cpu())
-    return torch.cat(rows)
+    if not rows:
+        return torch.empty(0, int(model.cfg.d_model), dtype=model.cfg.dtype)
+    out = torch.cat(rows)
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return out[inverse]
+
+
+@dataclass
+class ItemTokens:
+    """One item's real tokens (no padding) and, for encoders, its segment ids."""
+
+    tokens: Tensor
+    token_types: Tensor | None
+
+
+def item_tokens(model: Any, inputs: Sequence[Any], chunk: int = 256) -> list[ItemTokens]:
+    """Every input's real token ids (and segment ids), as :func:`lens_attrib.inputs.to_batch`
+    encodes it (start token, sentence pairs), without the padding."""
+    out: list[ItemTokens] = []
+    for start in range(0, len(inputs), chunk):
+        batch = to_batch(model, list(inputs[start : start + chunk]))
+        for b in range(batch.size):
+            real = batch.mask[b]
+            types = None if batch.token_types is None else batch.token_types[b][real]
+            out.append(ItemTokens(batch.tokens[b][real], types))
+    return out
 
 
 # --------------------------------------------------------------------------- training
@@ -225,83 +253,6 @@ def evaluate_head(
     return score(out, targets, regression)
 
 
-# ------------------------------------------------------------------- a checkpoint's own head
-class ClassifierHead(nn.Sequential):
-    """The head a fine-tuned ``*ForSequenceClassification`` encoder was trained with, on final
-    residual rows: ``h(x) = W_out · tanh(W_d · x + b_d) + b_out`` (``[n, d_model] -> [n, n_out]``).
-
-    BERT: ``W_d, b_d`` are the pooler's dense layer and ``W_out, b_out`` the classifier; RoBERTa:
-    ``classifier.dense`` and ``classifier.out_proj`` (dropout is the identity at inference). The
-    residual row is the one at ``[CLS]`` (real position 0). ``labels``: ``id2label`` in id order;
-    ``regression``: one output explained directly (``problem_type="regression"``, or one label).
-    An ``nn.Sequential`` (``dense``, ``activation``, ``out``) of a Linear layer, an ``nn.Tanh``
-    module and a Linear layer, so that methods that decompose or apply rules module by module
-    (DecompX's head, DeepLIFT's Rescale on the Tanh) see each part.
-    """
-
-    def __init__(
-        self, d_model: int, n_out: int, labels: Sequence[str] | None, regression: bool
-    ) -> None:
-        super().__init__(
-            OrderedDict(
-                dense=nn.Linear(d_model, d_model),
-                activation=nn.Tanh(),
-                out=nn.Linear(d_model, n_out),
-            )
-        )
-        self.labels = list(labels) if labels is not None else None
-        self.regression = regression
-
-
-def class_head_of(hf_model: Any, hf_config: Any) -> ClassifierHead:
-    """The :class:`ClassifierHead` of a transformers ``*ForSequenceClassification`` model
-    (BERT: ``bert.pooler.dense`` + ``classifier``; RoBERTa: ``classifier.dense`` +
-    ``classifier.out_proj``), weights copied exactly, in the model's dtype."""
-    classifier = hf_model.classifier
-    if isinstance(classifier, nn.Linear):  # BERT: pooler + tanh, then the classifier
-        base = getattr(hf_model, hf_model.base_model_prefix)
-        if getattr(base, "pooler", None) is None:
-            raise ValueError("A BERT classifier without its pooler cannot be converted.")
-        dense, out = base.pooler.dense, classifier
-    else:  # RoBERTa: classifier.dense + tanh + classifier.out_proj
-        dense, out = classifier.dense, classifier.out_proj
-    n_out = int(out.out_features)
-    id2label = getattr(hf_config, "id2label", None) or {}
-    labels = [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n_out)]
-    problem = getattr(hf_config, "problem_type", None)
-    regression = problem == "regression" or (problem is None and n_out == 1)
-    head = ClassifierHead(int(dense.in_features), n_out, labels, regression)
-    head = head.to(dtype=out.weight.dtype)
-    with torch.no_grad():
-        head[0].load_state_dict(dense.state_dict())
-        head[2].load_state_dict(out.state_dict())
-    head.requires_grad_(False)
-    return head.eval()
-
-
-def attach_class_head(model: Any, head: nn.Module) -> None:
-    """Make ``head`` the model's own head (a registered submodule: it follows ``.to()``, the model
-    guard and dtype; :func:`lens_attrib.backend.attached_head` reads it)."""
-    model.add_module(CLASS_HEAD, head)
-
-
-def with_model_head(model: Any, target: Target) -> Target:
-    """``target`` with the model's own class head filled in when it names no head: read at
-    ``[CLS]`` (real position 0) unless a position is given, its labels and its regression flag."""
-    head = attached_head(model)
-    if head is None or target.head is not None:
-        return target
-    changes: dict[str, Any] = {"head": head}
-    if target.position is None:
-        changes["position"] = 0
-    if getattr(head, "regression", False):
-        changes["regression"] = True
-    labels = getattr(head, "labels", None)
-    if target.labels is None and labels:
-        changes["labels"] = list(labels)
-    return target.with_(**changes)
-
-
 # --------------------------------------------------------------------------- storage
 def save_head(head: LinearHead, folder: str | Path, metadata: dict[str, Any]) -> Path:
     """Write ``head.safetensors`` (the linear map) and ``head.json`` (metadata) to ``folder``."""
@@ -350,18 +301,16 @@ def load_head(folder: str | Path, model: Any) -> tuple[LinearHead, dict[str, Any
 
 __all__ = [
     "HEAD_FIT",
-    "ClassifierHead",
+    "ItemTokens",
     "LinearHead",
-    "attach_class_head",
-    "class_head_of",
     "evaluate_head",
     "feature_position",
     "fit_head",
     "head_norm",
+    "item_tokens",
     "load_head",
     "new_head",
     "residual_features",
     "save_head",
     "score",
-    "with_model_head",
 ]

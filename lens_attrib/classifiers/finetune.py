@@ -1,7 +1,7 @@
 """Light fine-tuning of a classifier: the model's last ``k`` blocks and its linear head.
 
-The frozen-model head of :mod:`lens_attrib.heads` is the starting point. A *copy* of the model
-(the caller's model is never changed) has every parameter frozen except those of blocks
+The frozen-model head of :mod:`lens_attrib.classifiers.linear` is the starting point. A *copy* of
+the model (the caller's model is never changed) has every parameter frozen except those of blocks
 ``L − k … L − 1``; these and the head's linear map ``(W, c)`` are trained together on
 
     cross-entropy(h(x_L[p]), y)        (classification)   or   MSE(h(x_L[p]), y)   (regression),
@@ -10,7 +10,10 @@ where ``x_L[p]`` is the copy's final residual at the feature position (the last 
 decoders, ``[CLS]`` for encoders) and ``h`` the head (``ln_final`` then the linear map for
 decoders). Optimiser: AdamW (weight decay 0.01 on matrices), learning rate warmed up linearly
 over the first 10 % of the steps and decayed linearly to 0, mini-batches of seeded shuffles.
-The frozen lower blocks only run forward (no graph is built below block ``L − k``).
+The frozen lower blocks run once per item before training, at the item's own length, and every
+step runs only the trained blocks from there, its items in chunks of similar length
+(:mod:`lens_attrib.classifiers.frozen_prefix`): the same mini-batches, loss and updates as a
+padded forward of the whole model, to float rounding, at a fraction of the cost.
 
 Storage: :func:`save_blocks` writes the tuned blocks' parameters (``blocks.<i>.…`` names, the
 TransformerLens parameter names) to ``blocks.safetensors``; :func:`tuned_model` copies a base model
@@ -32,13 +35,19 @@ import torch
 from torch import Tensor, nn
 
 from lens_attrib.backend import arch_of
+from lens_attrib.classifiers.frozen_prefix import (
+    CHUNK_OVERHEAD,
+    FrozenPrefix,
+    build_prefix,
+    final_rows,
+)
+from lens_attrib.classifiers.linear import LinearHead, feature_position, head_norm
 from lens_attrib.forward import resid_of, target_rows
-from lens_attrib.heads import LinearHead, feature_position, head_norm
 from lens_attrib.inputs import to_batch
 from lens_attrib.progress import progress_bar
 
 BLOCKS_FILE = "blocks.safetensors"
-LOG = logging.getLogger("lens_attrib.finetune")
+LOG = logging.getLogger("lens_attrib.classifiers.finetune")
 
 
 def tuned_block_names(model: Any, k: int) -> list[str]:
@@ -97,14 +106,30 @@ def fine_tune(
     head_lr: float | None = None,
     batch_size: int = 16,
     seed: int = 0,
+    chunk_overhead: float = CHUNK_OVERHEAD,
+    prefix: FrozenPrefix | None = None,
 ) -> tuple[Any, LinearHead, dict[str, Any]]:
     """Train the last ``k`` blocks of a copy of ``model`` and a copy of ``head`` (module
     docstring). Returns ``(tuned model, tuned head, info)``; ``model`` and ``head`` are left
-    unchanged. ``head_lr``: the head's learning rate (default ``10 · lr``)."""
+    unchanged. ``head_lr``: the head's learning rate (default ``10 · lr``). ``chunk_overhead``:
+    how a step's items are grouped by length (:func:`~lens_attrib.classifiers.frozen_prefix.
+    length_chunks`; speed only). ``info["prefix_seconds"]``: the one pass over the frozen
+    blocks; ``info["epoch_seconds"]``: each epoch's time. ``prefix``: the inputs' residuals
+    entering block ``L − k`` when already computed (:func:`~lens_attrib.classifiers.
+    frozen_prefix.build_prefix` on ``model`` or a copy with the same lower blocks)."""
     if len(inputs) != len(targets) or not len(inputs):
         raise ValueError(f"need one target per input, got {len(inputs)} and {len(targets)}")
     started = time.perf_counter()
     tuned = trainable_copy(model, k)
+    layer = arch_of(tuned).n_layers - k
+    if prefix is None:
+        prefix = build_prefix(tuned, inputs, layer)
+    elif prefix.layer != layer or len(prefix) != len(inputs):
+        raise ValueError(
+            f"prefix holds {len(prefix)} items entering block {prefix.layer}; fine-tuning the "
+            f"last {k} blocks on {len(inputs)} inputs needs them entering block {layer}"
+        )
+    prefix_seconds = time.perf_counter() - started
     tuned_head = head_on(tuned, head)
     tuned_head.requires_grad_(True)
     blocks = [p for p in tuned.parameters() if p.requires_grad]
@@ -118,10 +143,11 @@ def fine_tune(
     n_steps = epochs * math.ceil(len(inputs) / batch_size)
     warmup = max(1, n_steps // 10)
     gen = torch.Generator().manual_seed(seed)
-    step, losses = 0, []
+    step, losses, epoch_seconds = 0, [], []
     bar = progress_bar(desc=f"fine-tune last {k} blocks", total=n_steps, unit="step")
     with bar, torch.inference_mode(False), torch.enable_grad():
         for _ in range(epochs):
+            epoch_started = time.perf_counter()
             order = torch.randperm(len(inputs), generator=gen).tolist()
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
@@ -130,7 +156,7 @@ def fine_tune(
                 )
                 for group, lr0 in zip(optimiser.param_groups, base):
                     group["lr"] = lr0 * scale
-                out = head_rows(tuned, tuned_head, [inputs[i] for i in rows])
+                out = tuned_head(final_rows(tuned, prefix, rows, chunk_overhead))
                 y = targets[rows].to(out.device)
                 loss = _loss(out, y, regression)
                 optimiser.zero_grad(set_to_none=True)
@@ -148,6 +174,7 @@ def fine_tune(
                         sum(recent) / len(recent),
                         time.perf_counter() - started,
                     )
+            epoch_seconds.append(round(time.perf_counter() - epoch_started, 1))
     for param in tuned.parameters():
         param.requires_grad_(False)
         param.grad = None
@@ -162,6 +189,8 @@ def fine_tune(
         "steps": n_steps,
         "final_loss": sum(tail) / len(tail),
         "fine_tune_seconds": round(time.perf_counter() - started, 1),
+        "prefix_seconds": round(prefix_seconds, 1),
+        "epoch_seconds": epoch_seconds,
     }
     return tuned, tuned_head, info
 

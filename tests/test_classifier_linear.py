@@ -1,4 +1,4 @@
-"""Trainable heads (lens_attrib.heads) and the classifier cache (lens_attrib.classifiers), on tiny
+"""Trainable linear heads (lens_attrib.classifiers.linear) and the classifier cache, on tiny
 models: training reaches a separable toy task, save → load is bit-exact, and Target(head=h)
 explains exactly h(final residual at the feature position)."""
 
@@ -10,8 +10,7 @@ import torch
 
 from lens_attrib import Target, attribute, to_batch
 from lens_attrib.classifiers import ClassifierInfo, train_or_load
-from lens_attrib.forward import no_grad_context, resid_of
-from lens_attrib.heads import (
+from lens_attrib.classifiers.linear import (
     HEAD_FIT,
     LinearHead,
     evaluate_head,
@@ -22,6 +21,7 @@ from lens_attrib.heads import (
     residual_features,
     save_head,
 )
+from lens_attrib.forward import no_grad_context, resid_of
 from lens_attrib.tiny_models import tiny_bert, tiny_llama
 
 POSITIVE = ("good", "great")
