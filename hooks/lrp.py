@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_attrib.backend import arch_of, hook_name
+from lens_attrib.backend import arch_of, hook_name, layer_norm_activation, mlp_activation
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.rules import (
@@ -72,32 +72,34 @@ def _grad_scaler(factor: float) -> HookFn:
 def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str, HookFn]]:
     """Identity rule through the activation; gate rule (detach / uniform) in gated MLPs."""
     cfg = model.cfg
-    if cfg.act_fn is not None and cfg.is_layer_norm_activation():
+    if layer_norm_activation(model):
         raise ModelError(
             f"LRP rules for the LayerNorm activation {cfg.act_fn!r} (SoLU) are not implemented."
         )
     if getattr(cfg, "num_experts", None):
         return _moe_hooks(model, variant, identity_eps)
     gated = bool(getattr(cfg, "gated_mlp", False))
-    store: dict[str, dict[str, Tensor]] = {}
+    store: dict[int, dict[str, Tensor]] = {}
     hooks: list[tuple[str, HookFn]] = []
 
-    def keep(key: str) -> HookFn:
+    # keyed by layer, not by ``hook.name``: a TransformerBridge names its hook points differently
+    def keep(layer: int, key: str) -> HookFn:
         def hook(x: Tensor, hook: Any) -> None:
-            store.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+            store.setdefault(layer, {})[key] = x
 
         return hook
 
-    def post_hook(post: Tensor, hook: Any) -> Tensor:
-        prefix = hook.name.rsplit(".", 1)[0]
-        saved = store.pop(prefix)
+    def post_hook(layer: int) -> HookFn:
+        return lambda post, hook: rule(layer, post)
+
+    def rule(layer: int, post: Tensor) -> Tensor:
+        saved = store.pop(layer)
         pre = saved["pre"]
         if not gated:
             return identity_rule(pre, post, identity_eps)
         up = saved["up"]
-        mlp = model.get_submodule(prefix)
         with torch.no_grad():
-            act = mlp.act_fn(pre)
+            act = mlp_activation(model, layer)(pre)
         if variant == "lrp":  # gate detached: post = const · up
             return linearized(post, (up, act))
         m_act, m_up = uniform_rule(act, up)  # uniform rule on act·up: (up/2, act/2)
@@ -106,10 +108,10 @@ def _mlp_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         return linearized(post, (pre, m_pre), (up, m_up))
 
     for layer in range(cfg.n_layers):
-        hooks.append((hook_name("pre", layer), keep("pre")))
+        hooks.append((hook_name("pre", layer), keep(layer, "pre")))
         if gated:
-            hooks.append((hook_name("pre_linear", layer), keep("up")))
-        hooks.append((hook_name("post", layer), post_hook))
+            hooks.append((hook_name("pre_linear", layer), keep(layer, "up")))
+        hooks.append((hook_name("post", layer), post_hook(layer)))
     return hooks
 
 
@@ -128,22 +130,25 @@ def _moe_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
       keep their plain gradient, as in LXT), half to the expert, where the uniform rule on
       ``φ(gate) ⊙ up`` halves it again (identity rule through ``φ``).
     """
-    store: dict[str, dict[str, Tensor]] = {}
+    store: dict[tuple[int, int], dict[str, Tensor]] = {}
     share = 1.0 if variant == "lrp" else 0.5  # of the expert in w_e · expert_e(x)
     hooks: list[tuple[str, HookFn]] = []
 
-    def keep(key: str) -> HookFn:
+    # keyed by (layer, expert), not by ``hook.name`` (a TransformerBridge names hooks differently)
+    def keep(layer: int, expert: int, key: str) -> HookFn:
         def hook(x: Tensor, hook: Any) -> None:
-            store.setdefault(hook.name.rsplit(".", 1)[0], {})[key] = x
+            store.setdefault((layer, expert), {})[key] = x
 
         return hook
 
-    def post_hook(post: Tensor, hook: Any) -> Tensor:
-        prefix = hook.name.rsplit(".", 1)[0]
-        saved = store.pop(prefix)
+    def post_hook(layer: int, expert: int) -> HookFn:
+        return lambda post, hook: rule(layer, expert, post)
+
+    def rule(layer: int, expert: int, post: Tensor) -> Tensor:
+        saved = store.pop((layer, expert))
         gate, up = saved["gate"], saved["up"]
         with torch.no_grad():
-            act = model.get_submodule(prefix).act_fn(gate)
+            act = model.blocks[layer].mlp.experts[expert].act_fn(gate)
         if variant == "lrp":
             return linearized(post, (up, act))
         with torch.no_grad():
@@ -155,9 +160,9 @@ def _moe_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         hooks.append((router, _detach if variant == "lrp" else _grad_scaler(0.5)))
         for expert in range(model.cfg.num_experts):
             prefix = f"blocks.{layer}.mlp.experts.{expert}"
-            hooks.append((f"{prefix}.hook_gate", keep("gate")))
-            hooks.append((f"{prefix}.hook_pre", keep("up")))
-            hooks.append((f"{prefix}.hook_post", post_hook))
+            hooks.append((f"{prefix}.hook_gate", keep(layer, expert, "gate")))
+            hooks.append((f"{prefix}.hook_pre", keep(layer, expert, "up")))
+            hooks.append((f"{prefix}.hook_post", post_hook(layer, expert)))
     return hooks
 
 

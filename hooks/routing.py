@@ -37,12 +37,16 @@ def pattern_cache_hooks(
     Use with any forward (decoder or encoder, chunked or not); concatenate the lists afterwards.
     """
 
-    def save(pattern: Tensor, hook: Any) -> Tensor:
-        store.setdefault(hook.name, []).append(pattern.detach())
-        return pattern
+    # keyed by the name asked for, not ``hook.name`` (a TransformerBridge's may differ)
+    def saver(name: str) -> HookFn:
+        def save(pattern: Tensor, hook: Any) -> Tensor:
+            store.setdefault(name, []).append(pattern.detach())
+            return pattern
+
+        return save
 
     def make(n_layers: int) -> list[tuple[str, HookFn]]:
-        return [(name, save) for name in pattern_hook_names(n_layers)]
+        return [(name, saver(name)) for name in pattern_hook_names(n_layers)]
 
     return make
 
@@ -56,12 +60,15 @@ def cache_patterns(
     """
     store: dict[str, Tensor] = {}
 
-    def save(pattern: Tensor, hook: Any) -> Tensor:
-        store[hook.name] = pattern.detach()
-        return pattern
+    def saver(name: str) -> HookFn:
+        def save(pattern: Tensor, hook: Any) -> Tensor:
+            store[name] = pattern.detach()
+            return pattern
+
+        return save
 
     names = pattern_hook_names(int(model.cfg.n_layers))
-    with torch.inference_mode(), model.hooks(fwd_hooks=[(n, save) for n in names]):
+    with torch.inference_mode(), model.hooks(fwd_hooks=[(n, saver(n)) for n in names]):
         model(tokens, **forward_kwargs)
     return store
 

@@ -1,11 +1,19 @@
 """The model backend: architecture facts, hook names, weight access and the raw forwards.
 
-Everything that depends on how TransformerLens 3.x lays out a model (``HookedTransformer`` for
-decoders, ``HookedEncoder`` for BERT-style encoders) lives here: which hooks hold the input
-embeddings and the residual stream, where grouped key/value weights are stored, how the final
-residual and the head-on-top are computed. Methods, evaluation and pruning ask this module and
-:mod:`lens_attrib.forward`, never the model classes, so that a second backend (TransformerLens
-4's ``TransformerBridge``, whose hooks and ``stop_at_layer`` differ) is one more module.
+Methods, evaluation, pruning and ``hooks/`` ask this module and :mod:`lens_attrib.forward`,
+never the model classes. Two backends answer the same questions:
+
+- :mod:`lens_attrib.backend_hooked`: TransformerLens 3.9's ``HookedTransformer`` (decoders) and
+  ``HookedEncoder`` (BERT-style encoders);
+- :mod:`lens_attrib.backend_bridge`: TransformerLens 4's ``TransformerBridge`` (the Hugging Face
+  module wrapped with hook points; decoders).
+
+Each function of :data:`BACKEND_INTERFACE` below dispatches on the model (or on
+``Arch.backend``) to the backend module's function of the same name. Hook names are
+TransformerLens 3.9's (``blocks.L.attn.hook_z``); the bridge resolves them as aliases, and
+:mod:`lens_attrib.backend_bridge` documents where an alias means something else and how that is
+mapped. Shared facts (:class:`Arch`, the hook-name helpers, the head lookup, weight-processing
+signatures) live here.
 
 Architecture facts are read once per call into an :class:`Arch` and carried on the
 :class:`~lens_attrib.inputs.Batch`.
@@ -13,138 +21,95 @@ Architecture facts are read once per call into an :class:`Arch` and carried on t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.utilities import get_act_name
 
-from lens_attrib.errors import ModelError, TargetError
-
-Head = Callable[[Tensor], Tensor]
-"""A head-on-top: ``[n, d_model]`` residual rows -> ``[n, n_out]`` outputs."""
+from lens_attrib.arch import CLASS_HEAD, Arch, Head, attached_head, has_lm_head
+from lens_attrib.errors import ModelError
 
 EMBEDDINGS = ("full", "partial")
 
 
-# --------------------------------------------------------------------------- architecture facts
+# --------------------------------------------------------------------------- dispatch
+BACKEND_INTERFACE = (
+    "is_encoder",
+    "arch_of",
+    "forward_kwargs",
+    "final_residual",
+    "embedding_forward",
+    "block_forward",
+    "residual_before",
+    "residual_from",
+    "lm_head",
+    "pre_unembed",
+    "unembedding",
+    "token_embedding_matrix",
+    "block",
+    "final_norm",
+    "value_weights",
+    "norm_params",
+    "mlp_activation",
+    "layer_norm_activation",
+    "call_context",
+)
+"""The functions every backend module defines (same names, same signatures, same meaning):
+
+- ``is_encoder(model)``, ``arch_of(model) -> Arch``: architecture facts;
+- ``forward_kwargs(arch, mask, padded, token_types)``: the attention-mask keywords of a forward;
+- ``final_residual(model, arch, tokens, mask, padded, token_types)``: the residual stream after
+  the last block (the caller's hooks fire), ``embedding_forward(...)``: only the embedding;
+- ``block_forward(model, arch, layer, resid, mask, padded)``: one block alone;
+  ``residual_before(model, arch, layer, tokens, mask, padded, token_types)``: the residual
+  entering a block; ``residual_from(model, arch, resid, layer, mask)``: the blocks from ``layer``
+  on (bounds and padding checked by :mod:`lens_attrib.backend` before dispatch);
+- ``lm_head(model, arch)``, ``pre_unembed(model, arch)``, ``final_norm(model)``: the head-on-top;
+- ``unembedding(model)``, ``token_embedding_matrix(model, arch)``, ``block(model, layer)``,
+  ``value_weights(attn, n_v_heads)``, ``norm_params(module)``: weights, in TransformerLens 3.9's
+  layout and with zero tensors for absent biases;
+- ``mlp_activation(model, layer)``: the MLP's element-wise activation function;
+- ``layer_norm_activation(model)``: whether the MLP activation is a LayerNorm one (SoLU);
+- ``call_context(model)``: a context the model guard enters for the length of one call.
+"""
+
+
+def is_bridge(model: Any) -> bool:
+    """True for a TransformerLens 4 ``TransformerBridge`` (told by class, nothing imported)."""
+    return any(
+        cls.__name__ == "TransformerBridge" and cls.__module__.startswith("transformer_lens")
+        for cls in type(model).__mro__
+    )
+
+
+def backend_module(model: Any) -> Any:
+    """The backend module that answers for ``model`` (a model, or an :class:`Arch`)."""
+    kind = model.backend if isinstance(model, Arch) else ("bridge" if is_bridge(model) else "")
+    if kind == "bridge":
+        from lens_attrib import backend_bridge
+
+        return backend_bridge
+    from lens_attrib import backend_hooked
+
+    return backend_hooked
+
+
 def is_encoder(model: Any) -> bool:
-    """True for ``HookedEncoder`` (bidirectional BERT-style) models."""
-    from transformer_lens import HookedEncoder
-
-    return isinstance(model, HookedEncoder)
-
-
-def has_lm_head(model: Any) -> bool:
-    """Whether token logits exist (False for encoders loaded without their MLM head)."""
-    return not getattr(model, "lens_attrib_no_lm_head", False)
-
-
-@dataclass(frozen=True)
-class Arch:
-    """The facts methods branch on, read once from the model's config."""
-
-    encoder: bool
-    lm_head: bool
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_model: int
-    d_head: int
-    normalization: str | None
-    positional: str
-    parallel: bool
-    gated_mlp: bool
-    dtype: torch.dtype
-    n_ctx: int
-    d_mlp: int = 0
-    class_head: bool = False
-    moe: bool = False
-    logit_soft_cap: float = 0.0
-    attn_soft_cap: float = 0.0
-    post_norms: bool = False
-
-    @property
-    def causal(self) -> bool:
-        return not self.encoder
-
-    @property
-    def rotary(self) -> bool:
-        return self.positional == "rotary"
-
-    @property
-    def gqa(self) -> bool:
-        return self.n_kv_heads != self.n_heads
-
-    @property
-    def learned_positions(self) -> bool:
-        """A positional embedding is added to the residual stream (GPT-2, BERT)."""
-        return self.encoder or self.positional in ("standard", "shortformer")
-
-    @property
-    def kind(self) -> str:
-        return "encoder (HookedEncoder)" if self.encoder else "decoder (HookedTransformer)"
-
-    @property
-    def work_dtype(self) -> torch.dtype:
-        """float64 for float64 models, float32 otherwise (bf16/fp16 reductions are upcast)."""
-        return torch.float64 if self.dtype == torch.float64 else torch.float32
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "encoder": self.encoder,
-            "normalization": self.normalization,
-            "positional": self.positional,
-            "rotary": self.rotary,
-            "gqa": self.gqa,
-            "n_kv_heads": self.n_kv_heads,
-            "parallel": self.parallel,
-            "gated_mlp": self.gated_mlp,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "moe": self.moe,
-            "logit_soft_cap": self.logit_soft_cap,
-            "attn_soft_cap": self.attn_soft_cap,
-            "post_norms": self.post_norms,
-        }
+    """True for bidirectional BERT-style encoders (``HookedEncoder``)."""
+    return bool(backend_module(model).is_encoder(model))
 
 
 def arch_of(model: Any) -> Arch:
     """Read the architecture facts of a TransformerLens model."""
-    cfg = model.cfg
-    try:
-        dtype = next(model.parameters()).dtype
-    except StopIteration:  # pragma: no cover - a model always has parameters
-        dtype = torch.float32
-    return Arch(
-        encoder=is_encoder(model),
-        lm_head=has_lm_head(model),
-        n_layers=int(cfg.n_layers),
-        n_heads=int(cfg.n_heads),
-        n_kv_heads=int(cfg.n_key_value_heads or cfg.n_heads),
-        d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
-        normalization=cfg.normalization_type,
-        positional=str(cfg.positional_embedding_type),
-        parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
-        gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
-        dtype=dtype,
-        n_ctx=int(cfg.n_ctx),
-        d_mlp=int(cfg.d_mlp or 0),
-        class_head=attached_head(model) is not None,
-        moe=bool(getattr(cfg, "num_experts", None)),
-        logit_soft_cap=_soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
-        attn_soft_cap=_soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
-        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
-    )
+    return cast(Arch, backend_module(model).arch_of(model))
 
 
-def _soft_cap(cap: float | None) -> float:
-    """A soft-cap ``c`` (``c·tanh(x/c)``) when active, else 0 (TransformerLens: ``-1``/``None``)."""
-    return float(cap) if cap is not None and cap > 0 else 0.0
+def layer_norm_activation(model: Any) -> bool:
+    """Whether the MLP activation is a LayerNorm activation (SoLU), which is not element-wise."""
+    return bool(backend_module(model).layer_norm_activation(model))
 
 
 ARCHITECTURE_LIMITS: dict[str, dict[str, str]] = {
@@ -189,6 +154,8 @@ def backward_bytes_per_row(arch: Arch, length: int) -> int:
 # --------------------------------------------------------------------------- hook names
 def hook_name(kind: str, layer: int | None = None, sub: str | None = None) -> str:
     """TransformerLens' name of an activation (``get_act_name``), e.g. ``("v", 0)``."""
+    from transformer_lens.utilities import get_act_name  # the same function in 3.9 and 4.x
+
     return str(get_act_name(kind, layer, sub))
 
 
@@ -256,19 +223,6 @@ def pattern_hooks(arch: Arch) -> list[str]:
 
 
 # --------------------------------------------------------------------------- raw forwards
-def forward_kwargs(
-    arch: Arch, mask: Tensor, padded: bool, token_types: Tensor | None = None
-) -> dict[str, Tensor]:
-    """Keyword arguments for the model's forward (the attention mask, when needed, and the
-    encoder's segment ids ``token_type_ids`` when given)."""
-    if arch.encoder:
-        kwargs = {"one_zero_attention_mask": mask.long()}
-        if token_types is not None:
-            kwargs["token_type_ids"] = token_types
-        return kwargs
-    return {"attention_mask": mask.long()} if padded else {}
-
-
 def has_hooks(point: nn.Module) -> bool:
     """Whether any forward, forward-pre or backward hook (own or global) is on ``point``."""
     from torch.nn.modules import module as nn_module
@@ -283,6 +237,16 @@ def has_hooks(point: nn.Module) -> bool:
     )
 
 
+def forward_kwargs(
+    arch: Arch, mask: Tensor, padded: bool, token_types: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Keyword arguments for the model's forward (the attention mask, when needed, and the
+    encoder's segment ids ``token_type_ids`` when given)."""
+    return cast(
+        "dict[str, Tensor]", backend_module(arch).forward_kwargs(arch, mask, padded, token_types)
+    )
+
+
 def final_residual(
     model: Any,
     arch: Arch,
@@ -294,12 +258,8 @@ def final_residual(
     """The residual stream after the last block (before the head), one forward pass.
 
     ``token_types``: an encoder's segment ids (``None``: segment 0 everywhere)."""
-    if arch.encoder:
-        return cast(Tensor, model.encoder_output(tokens, token_types, mask.long()))
-    return cast(
-        Tensor,
-        model(tokens, stop_at_layer=arch.n_layers, **forward_kwargs(arch, mask, padded)),
-    )
+    impl = backend_module(arch)
+    return cast(Tensor, impl.final_residual(model, arch, tokens, mask, padded, token_types))
 
 
 def block_forward(
@@ -311,16 +271,8 @@ def block_forward(
     ``mask``: the real positions of the rows (decoders need it only when ``padded``: left
     padding shifts rotary positions and hides padding keys, as in the full forward).
     """
-    if arch.encoder:
-        additive = torch.where(mask[:, None, None, :].bool(), 0.0, -torch.inf)
-        return cast(Tensor, model.blocks[layer](resid, additive))
-    if arch.positional == "shortformer":
-        raise ModelError(
-            "Running one block alone is not supported for shortformer positional embeddings "
-            "(the positions enter every block); use a model with standard or rotary positions."
-        )
-    kwargs = {"attention_mask": mask.long()} if padded else {}
-    return cast(Tensor, model(resid, start_at_layer=layer, stop_at_layer=layer + 1, **kwargs))
+    impl = backend_module(arch)
+    return cast(Tensor, impl.block_forward(model, arch, layer, resid, mask, padded))
 
 
 def embedding_forward(
@@ -332,18 +284,7 @@ def embedding_forward(
     token_types: Tensor | None = None,
 ) -> None:
     """Run only the embedding (hooks on it fire; ``token_types``: an encoder's segment ids)."""
-    if arch.encoder:
-        model.hook_full_embed(model.embed(tokens, token_types))
-    else:
-        model(tokens, stop_at_layer=0, **forward_kwargs(arch, mask, padded))
-
-
-def _encoder_key_mask(mask: Tensor) -> Tensor | None:
-    """The additive key mask TransformerLens' ``HookedEncoder`` builds (``-inf`` on padding),
-    ``None`` when every position is real."""
-    if bool(mask.all()):
-        return None
-    return torch.where(mask[:, None, None, :], 0.0, -torch.inf)
+    backend_module(arch).embedding_forward(model, arch, tokens, mask, padded, token_types)
 
 
 def residual_before(
@@ -359,13 +300,8 @@ def residual_before(
     the final residual, as :func:`final_residual`), one forward pass through the blocks below."""
     if not 0 <= layer <= arch.n_layers:
         raise ValueError(f"layer must be between 0 and {arch.n_layers}, got {layer}")
-    if arch.encoder:
-        resid = model.hook_full_embed(model.embed(tokens, token_types))
-        key_mask = _encoder_key_mask(mask)
-        for blk in model.blocks[:layer]:
-            resid = blk(resid, key_mask)
-        return cast(Tensor, resid)
-    return cast(Tensor, model(tokens, stop_at_layer=layer, **forward_kwargs(arch, mask, padded)))
+    impl = backend_module(arch)
+    return cast(Tensor, impl.residual_before(model, arch, layer, tokens, mask, padded, token_types))
 
 
 def residual_from(
@@ -380,65 +316,23 @@ def residual_from(
     real = mask.long()
     if bool((real[:, 1:] > real[:, :-1]).any()):
         raise ValueError("residual_from takes right-padded items (real positions first)")
-    if arch.encoder:
-        key_mask = _encoder_key_mask(mask)
-        for blk in model.blocks[layer:]:
-            resid = blk(resid, key_mask)
-        return resid
-    if layer == arch.n_layers:
-        return resid
-    return cast(Tensor, model(resid, start_at_layer=layer, stop_at_layer=arch.n_layers))
+    return cast(Tensor, backend_module(arch).residual_from(model, arch, resid, layer, mask))
 
 
 def lm_head(model: Any, arch: Arch) -> Head:
     """``ln_final`` + ``unembed`` (decoders) or ``mlm_head`` + ``unembed`` (encoders)."""
-    if arch.encoder:
-        if not arch.lm_head:
-            raise TargetError(
-                "This encoder has no masked-LM head (e.g. all-MiniLM-L6-v2 ships only the "
-                "encoder), so token logits do not exist. Pass Target(head=...) with a class head "
-                "(a callable on [n, d_model] residual rows), or use a method that needs no head "
-                "(alti, attention, rollout, embed_norm)."
-            )
-
-        def encoder_head(x: Tensor) -> Tensor:
-            return cast(Tensor, model.unembed(model.mlm_head(x[:, None, :]))[:, 0, :])
-
-        return encoder_head
-
-    final = pre_unembed(model, arch)  # ln_final; the identity for models without norms
-    cap = arch.logit_soft_cap
-
-    def decoder_head(x: Tensor) -> Tensor:
-        logits = cast(Tensor, model.unembed(final(x[:, None, :]))[:, 0, :])
-        return cap * torch.tanh(logits / cap) if cap else logits  # Gemma 2's logit soft-cap
-
-    return decoder_head
+    return cast(Head, backend_module(arch).lm_head(model, arch))
 
 
-CLASS_HEAD = "lens_attrib_class_head"
-"""Attribute (a registered submodule) holding the sequence-classification head a loaded
-``*ForSequenceClassification`` checkpoint came with
-(:mod:`lens_attrib.classifiers.checkpoint_head`)."""
-
-
-def attached_head(model: Any) -> Head | None:
-    """The model's own classification/regression head, if it was loaded with one."""
-    return cast("Head | None", getattr(model, CLASS_HEAD, None))
+def pre_unembed(model: Any, arch: Arch) -> Head:
+    """The part of the LM head before ``unembed`` (``ln_final`` or the MLM head's transform)."""
+    return cast(Head, backend_module(arch).pre_unembed(model, arch))
 
 
 def default_head(model: Any, arch: Arch) -> Head:
     """The head explained by default: the model's own class head, else its LM head."""
     head = attached_head(model)
     return head if head is not None else lm_head(model, arch)
-
-
-def pre_unembed(model: Any, arch: Arch) -> Head:
-    """The part of the LM head before ``unembed`` (``ln_final`` or the MLM head's transform)."""
-    if arch.encoder:
-        return cast(Head, model.mlm_head)
-    ln = getattr(model, "ln_final", None)
-    return cast(Head, ln) if ln is not None else (lambda x: x)
 
 
 # --------------------------------------------------------------------------- weights
@@ -448,17 +342,7 @@ def unembedding(model: Any) -> tuple[Float[Tensor, "d_model d_vocab"], Float[Ten
     A soft-capped head (Gemma 2: ``logit = c·tanh(u/c)``) is not linear: methods that read the
     logit as ``ln_final(x)·W_U + b_U`` get a :class:`TargetError` that says what applies.
     """
-    cap = _soft_cap(getattr(model.cfg, "output_logits_soft_cap", None))
-    if cap:
-        raise TargetError(
-            f"This model soft-caps its logits (logit = {cap:g}·tanh(u/{cap:g}), Gemma 2), so they "
-            "are not a linear function of the final residual, which this method (ALTI-Logit, "
-            "LogAt, NormXLogit) decomposes. Use a method that takes the head as it is "
-            "('integrated_gradients', 'grad_x_input', 'value_zeroing'), or pass "
-            "Target(head=...) with a linear head (e.g. a lens_attrib.classifiers.LinearHead of "
-            "ln_final and W_U) to explain the logit before the cap."
-        )
-    return model.unembed.W_U, model.unembed.b_U
+    return cast("tuple[Tensor, Tensor]", backend_module(model).unembedding(model))
 
 
 def vocab_size(model: Any) -> int:
@@ -467,28 +351,62 @@ def vocab_size(model: Any) -> int:
 
 
 def token_embedding_matrix(model: Any, arch: Arch) -> Float[Tensor, "d_vocab d_model"]:
-    embed = model.embed.embed if arch.encoder else model.embed
-    return cast(Tensor, embed.W_E)
+    return cast(Tensor, backend_module(arch).token_embedding_matrix(model, arch))
 
 
 def block(model: Any, layer: int) -> Any:
-    return model.blocks[layer]
+    return backend_module(model).block(model, layer)
 
 
 def final_norm(model: Any) -> nn.Module:
-    return cast(nn.Module, model.ln_final)
+    return cast(nn.Module, backend_module(model).final_norm(model))
 
 
 def value_weights(attn: nn.Module, n_v_heads: int) -> tuple[Tensor, Tensor]:
-    """``W_V [n_v_heads, d_model, d_head]`` and ``b_V [n_v_heads, d_head]`` as ``hook_v`` uses them.
+    """``W_V [n_v_heads, d_model, d_head]`` and ``b_V [n_v_heads, d_head]`` as ``hook_v`` uses them
+    (zeros where the model has no value bias)."""
+    impl = _component_backend(attn)
+    return cast("tuple[Tensor, Tensor]", impl.value_weights(attn, n_v_heads))
 
-    Grouped-query attention stores key/value weights per KV head (``_W_V``); when ``hook_v``
-    holds the query-head count (``ungroup_grouped_query_attention``) the expanded ones are used.
-    """
-    w_v = getattr(attn, "_W_V", None)
-    if w_v is not None and w_v.shape[0] == n_v_heads:
-        return cast(Tensor, w_v), cast(Tensor, attn._b_V)
-    return cast(Tensor, attn.W_V), cast(Tensor, attn.b_V)
+
+def output_weights(attn: nn.Module) -> tuple[Tensor, Tensor]:
+    """``W_O [head, d_head, d_model]`` and ``b_O [d_model]`` (zeros where there is no bias)."""
+    w_o, b_o = cast(Tensor, cast(Any, attn).W_O), cast(Any, attn).b_O
+    return w_o, (w_o.new_zeros(w_o.shape[-1]) if b_o is None else cast(Tensor, b_o))
+
+
+def norm_params(module: nn.Module) -> tuple[bool, Tensor | None, Tensor | None, bool]:
+    """A norm module as ``(center, weight, bias, active)``: ``x ↦ c(x)/σ ⊙ weight + bias``
+    (``c`` centres when ``center``; ``active=False``: the identity)."""
+    return cast(
+        "tuple[bool, Tensor | None, Tensor | None, bool]",
+        _component_backend(module).norm_params(module),
+    )
+
+
+def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
+    """The element-wise activation ``φ`` of block ``layer``'s MLP (of the gate, when gated)."""
+    return cast("Callable[[Tensor], Tensor]", backend_module(model).mlp_activation(model, layer))
+
+
+@contextmanager
+def call_context(model: Any) -> Iterator[None]:
+    """What a backend changes for the length of one call on the user's model (entered by the
+    model guard): nothing for TransformerLens 3.9; see
+    :func:`lens_attrib.backend_bridge.call_context`."""
+    with backend_module(model).call_context(model):
+        yield
+
+
+def _component_backend(module: Any) -> Any:
+    """The backend of a model *component* (bridge components live in ``model_bridge``)."""
+    if type(module).__module__.startswith("transformer_lens.model_bridge"):
+        from lens_attrib import backend_bridge
+
+        return backend_bridge
+    from lens_attrib import backend_hooked
+
+    return backend_hooked
 
 
 def processing_signatures(model: Any, arch: Arch) -> list[str]:
@@ -547,6 +465,7 @@ def architecture_limit(name: str, arch: Arch) -> str | None:
 
 __all__ = [
     "ARCHITECTURE_LIMITS",
+    "BACKEND_INTERFACE",
     "CLASS_HEAD",
     "EMBEDDINGS",
     "Arch",
@@ -555,8 +474,10 @@ __all__ = [
     "architecture_limit",
     "attached_head",
     "attn_hook",
+    "backend_module",
     "block",
     "block_forward",
+    "call_context",
     "check_applies_to",
     "default_head",
     "embedded_input_hooks",
@@ -569,8 +490,13 @@ __all__ = [
     "has_lm_head",
     "head_output_hooks",
     "hook_name",
+    "is_bridge",
     "is_encoder",
+    "layer_norm_activation",
     "lm_head",
+    "mlp_activation",
+    "norm_params",
+    "output_weights",
     "pattern_hooks",
     "pre_unembed",
     "processing_signatures",

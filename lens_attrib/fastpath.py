@@ -134,8 +134,14 @@ def _in_storage_order(tensor: torch.Tensor, order: tuple[int, ...]) -> bool:
 
 
 def _check_model(model: Any) -> None:
-    from transformer_lens import HookedEncoder, HookedTransformer
-
+    try:
+        from transformer_lens import HookedEncoder, HookedTransformer
+    except ImportError:  # TransformerLens 4: only the TransformerBridge
+        raise TypeError(
+            f"enable_fast_forward re-lays TransformerLens 3.9's HookedTransformer/HookedEncoder "
+            f"weights; got {type(model).__name__}, and TransformerLens >= 4 (no HookedTransformer) "
+            "is installed. A TransformerBridge runs Hugging Face's own forward: leave it as is."
+        ) from None
     if not isinstance(model, HookedTransformer | HookedEncoder):
         raise TypeError(
             f"enable_fast_forward expects a TransformerLens HookedTransformer or HookedEncoder, "
@@ -326,8 +332,6 @@ def saved_output_hook_points(model: nn.Module) -> list[nn.Module]:
     Every other hook point of a block gets a tensor that nothing has saved yet (later operations
     save it only after its hooks ran), so edits there are already safe.
     """
-    from transformer_lens.components.mlps.mlp import MLP
-
     named: dict[str, nn.Module] | None = getattr(model, "hook_dict", None)
     if named is None:
         named = {n: m for n, m in model.named_modules() if isinstance(m, HookPoint)}
@@ -337,9 +341,18 @@ def saved_output_hook_points(model: nn.Module) -> list[nn.Module]:
         if name.endswith("hook_scale"):
             points.append(point)
         elif relu and name.endswith("mlp.hook_post"):
-            if isinstance(model.get_submodule(name.rsplit(".", 1)[0]), MLP):
+            if _is_tl3_mlp(model.get_submodule(name.rsplit(".", 1)[0])):
                 points.append(point)
     return points
+
+
+def _is_tl3_mlp(module: nn.Module) -> bool:
+    """A TransformerLens 3.9 ``MLP`` (TransformerLens 4 has no ``components`` package)."""
+    try:
+        from transformer_lens.components.mlps.mlp import MLP
+    except ImportError:
+        return False
+    return isinstance(module, MLP)
 
 
 class CopyingHookPoint(HookPoint):

@@ -113,6 +113,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
+    backend: str | None = None,
 ) -> Any:
     """Load a model as a ``HookedTransformer`` or ``HookedEncoder`` without weight processing.
 
@@ -120,12 +121,19 @@ def load_model(
     one of float32, float64, bfloat16, float16 and is the dtype the model is built in. The
     model's weights are re-laid once so that its forward copies none of them
     (:func:`lens_attrib.fastpath.enable_fast_forward`; same parameters, values and outputs).
+
+    ``backend``: ``"hooked"`` (TransformerLens 3.9's ``HookedTransformer``) or ``"bridge"``
+    (TransformerLens 4's ``TransformerBridge`` around the Hugging Face model, local decoder
+    folders: :func:`load_bridge`); default :func:`default_backend` (the installed major's).
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ModelError(
             f"dtype={dtype} is not supported: pass one of {', '.join(map(str, SUPPORTED_DTYPES))}."
         )
     name_or_path = checked_name(name_or_path)
+    backend = check_backend(backend)
+    if backend == "bridge":
+        return load_bridge(name_or_path, device=device, dtype=dtype, cache_dir=cache_dir)
     device = torch.device(device or "cpu")
     key = name_or_path.lower()
     if key in SMOLLM2_NAMES:
@@ -144,6 +152,91 @@ def load_model(
     # weights stored in the layout the forward's kernels read: no per-forward copies (fastpath)
     enable_fast_forward(model)
     return_freed_memory()  # the pre-fast-path copies of the re-laid weights
+    return model
+
+
+BACKENDS = ("hooked", "bridge")
+
+
+def transformer_lens_major() -> int:
+    """The installed TransformerLens major version (3 or 4)."""
+    from importlib.metadata import version
+
+    return int(version("transformer-lens").split(".")[0])
+
+
+def default_backend() -> str:
+    """``"hooked"`` under TransformerLens 3.x, ``"bridge"`` under 4.x (which has no
+    ``HookedTransformer``)."""
+    return "hooked" if transformer_lens_major() < 4 else "bridge"
+
+
+def check_backend(backend: str | None) -> str:
+    """``backend`` checked against what the installed TransformerLens can build."""
+    if backend is None:
+        return default_backend()
+    if backend not in BACKENDS:
+        raise ModelError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+    major = transformer_lens_major()
+    if backend == "hooked" and major >= 4:
+        raise ModelError(
+            f"backend='hooked' needs TransformerLens 3.9 (HookedTransformer); {major}.x is "
+            "installed, which has only the TransformerBridge: pass backend='bridge' or leave it "
+            "out."
+        )
+    if backend == "bridge" and major < 4:
+        raise ModelError(
+            "backend='bridge' is supported with TransformerLens >= 4 (pip install "
+            "'transformer-lens>=4.3'); TransformerLens 3.x is installed: pass backend='hooked'."
+        )
+    return backend
+
+
+def load_bridge(
+    folder: str,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | Path | None = None,
+) -> Any:
+    """A local Hugging Face decoder folder (or the bundled SmolLM2 pack) as a TransformerLens 4
+    ``TransformerBridge``, offline.
+
+    ``TransformerBridge.boot_transformers(folder)`` keeps the raw Hugging Face weights (no
+    processing) in ``dtype``; norms then compute in the model's dtype with live hooks, and in
+    float64 the rotary tables and softmax are float64
+    (:func:`lens_attrib.backend_bridge.exact_float64`), so that float64 outputs equal the
+    ``HookedTransformer``'s of the same weights. ``smollm2-135m``: the GGUF dequantized once by
+    transformers into a cached folder (:func:`smollm2_hf_folder`).
+    """
+    from transformers import AutoConfig
+
+    from lens_attrib.backend_bridge import exact_float64
+
+    smollm2 = folder.lower() in SMOLLM2_NAMES
+    path = smollm2_hf_folder(cache_dir) if smollm2 else Path(folder)
+    if not path.is_dir():
+        raise ModelError(
+            f"backend='bridge' loads local Hugging Face folders and smollm2-135m; {folder!r} is "
+            "neither (the minilm-l6 pack and hub names need backend='hooked')."
+        )
+    if encoder_kind(AutoConfig.from_pretrained(path)) is not None:
+        raise ModelError(
+            f"{folder!r} is an encoder: backend='bridge' supports decoders so far; load it with "
+            "backend='hooked' under TransformerLens 3.9."
+        )
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model = TransformerBridge.boot_transformers(
+        str(path), device=str(torch.device(device or "cpu")), dtype=dtype
+    )
+    exact_float64(model)
+    if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
+        model.cfg.default_prepend_bos = False
+        model.cfg.model_name = "SmolLM2-135M-Instruct"
+    else:
+        model.cfg.model_name = path.name
+    model.eval()
     return model
 
 
@@ -430,6 +523,34 @@ def smollm2_float32_weights(
         for item in Path(tmp).iterdir():
             os.replace(item, folder / item.name)
     return state_dict, tokenizer
+
+
+def smollm2_hf_folder(cache_dir: str | Path | None = None) -> Path:
+    """SmolLM2 dequantized from the bundled GGUF by transformers, saved once as a Hugging Face
+    folder (float32 safetensors and the tokenizer) in the cache; its path."""
+    gguf = smollm2_gguf_path()
+    folder = cache_root(cache_dir) / f"smollm2-hf-{_file_digest(gguf)}"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM
+
+    hf_model, tokenizer = smollm2_hf_from_gguf(torch.float32)
+    # a model read from GGUF keeps its quantization config and refuses save_pretrained: the
+    # dequantized weights go into a plain model of the same config
+    config = hf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(hf_model.state_dict(), strict=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".smollm2-hf-"))
+    plain.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.replace(staging, folder)
+    except OSError:  # another process saved it first
+        if not (folder / "config.json").exists():
+            raise
+    return folder
 
 
 def load_smollm2(cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32) -> Any:

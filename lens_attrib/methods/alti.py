@@ -57,7 +57,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.backend import final_norm, has_hooks, hook_name, unembedding
+from lens_attrib.backend import final_norm, has_hooks, hook_name, output_weights, unembedding
 from lens_attrib.errors import ModelError
 from lens_attrib.forward import (
     Forward,
@@ -486,7 +486,7 @@ def alti_logit(
         vt = torch.einsum("bthk,bhk->bht", expand_kv(v, n_heads), w)
         alpha = cache.alpha_t[layer]
         head_tok.append(alpha * vt)
-        bias = u @ block.attn.b_O.to(dtype)
+        bias = u @ output_weights(block.attn)[1].to(dtype)
         if affine == "separate":
             theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2]).to(dtype)
             theta_u = torch.einsum("hk,bhk->bh", expand_kv(theta, n_heads), w)

@@ -43,6 +43,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from lens_attrib.backend import norm_params as backend_norm_params
 from lens_attrib.backend import value_weights
 from lens_attrib.methods.propagation import trace_rows
 from lens_attrib.progress import advance
@@ -63,15 +64,8 @@ class NormParams:
 
 
 def norm_params(module: nn.Module) -> NormParams:
-    """Read the affine parameters of a TransformerLens norm (LN, LNPre, RMS, RMSPre, identity)."""
-    name = type(module).__name__
-    if name in ("LayerNorm", "LayerNormPre"):
-        return NormParams(True, getattr(module, "w", None), getattr(module, "b", None))
-    if name in ("RMSNorm", "RMSNormPre"):
-        return NormParams(False, getattr(module, "w", None), None)
-    if isinstance(module, nn.Identity):
-        return NormParams(False, None, None, active=False)
-    raise NotImplementedError(f"Unsupported normalization layer {name} for ALTI.")
+    """Read the affine parameters of a norm (LN, LNPre, RMS, RMSPre, identity; either backend)."""
+    return NormParams(*backend_norm_params(module))
 
 
 def center(x: Tensor) -> Tensor:

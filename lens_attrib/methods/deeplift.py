@@ -63,9 +63,11 @@ def _eps_check(value: Any) -> str | None:
     return None if ok else "a number in [0, 1)"
 
 
-def _capture(store: dict[str, Tensor]) -> Any:
+def _capture(store: dict[str, Tensor], name: str) -> Any:
+    """Keep the activation under ``name`` (not ``hook.name``: a TransformerBridge's differs)."""
+
     def hook(x: Tensor, hook: Any) -> None:
-        store[hook.name] = x.detach()
+        store[name] = x.detach()
 
     return hook
 
@@ -123,7 +125,7 @@ def baselines_of(
 ) -> list[Tensor]:
     """The baseline of every embedding component (one embedding-only forward for the inputs)."""
     embeds: dict[str, Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(n, _capture(embeds)) for n in names]):
+    with torch.no_grad(), model.hooks(fwd_hooks=[(n, _capture(embeds, n)) for n in names]):
         embedding_forward(
             model, batch.arch, batch.tokens, batch.mask, batch.padded, batch.token_types
         )

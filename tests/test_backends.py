@@ -1,0 +1,422 @@
+"""Both backends give the same Attributions: TransformerLens 3.9 (hooked) and 4.x (bridge).
+
+TransformerLens 3.9 and 4.x cannot be installed together, so the reference is a committed file:
+``tests/fixtures/backends/outputs.npz``, every method run by the 3.9 backend (float64) on the
+committed tiny GPT-2, Llama-GQA and GPT-NeoX folders (``python -m tests.backend_reference``;
+README there).
+Each case runs on the backend the installed TransformerLens builds and the other backend's cases
+are skipped with the reason; ``.ci/run`` runs this file a second time in a TransformerLens 4
+environment. Under 3.9 the hooked cases prove that the reference still describes the code; under
+4.x the bridge cases prove the bridge backend equal to it (≤ 1e-10 of each array's largest
+magnitude: float64 rounding over a few hundred operations, with BLAS summing in any order).
+
+The bridge-only tests below prove that each place where a TransformerBridge hook or call means
+something else than in 3.9 is mapped by :mod:`lens_attrib.backend_bridge` so that the methods see
+what they need, on a user's own ``TransformerBridge.boot_transformers(folder)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lens_attrib import Target, attribute, load_model
+from lens_attrib.backend import (
+    arch_of,
+    embedding_hooks,
+    final_residual,
+    hook_name,
+    lm_head,
+    output_weights,
+    query_key_hooks,
+    value_weights,
+)
+from lens_attrib.errors import ModelError
+from lens_attrib.forward import grad_context, no_grad_context, run
+from lens_attrib.hooks.guard import model_state_fingerprint
+from lens_attrib.inputs import to_batch
+from lens_attrib.models import check_backend, default_backend, transformer_lens_major
+from tests import backend_reference as ref
+
+TOLERANCE = 1e-10
+BRIDGE = transformer_lens_major() >= 4
+BACKENDS = [
+    pytest.param(
+        "hooked",
+        marks=pytest.mark.skipif(
+            BRIDGE, reason="TransformerLens 3.9 not installed (HookedTransformer)"
+        ),
+    ),
+    pytest.param(
+        "bridge",
+        marks=pytest.mark.skipif(not BRIDGE, reason="TransformerLens ≥ 4 not installed"),
+    ),
+]
+needs_bridge = pytest.mark.skipif(not BRIDGE, reason="TransformerLens ≥ 4 not installed")
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, np.ndarray]:
+    with np.load(ref.OUTPUTS) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, Any]:
+    """``load_model(folder, float64)`` of each tiny folder, by the installed backend."""
+    return {
+        arch: load_model(str(ref.ROOT / arch), dtype=torch.float64, backend=default_backend())
+        for arch in ref.ARCHS
+    }
+
+
+def user_bridge(arch: str) -> Any:
+    """A user's own bridge of the folder, as TransformerLens' README makes one."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from lens_attrib.backend_bridge import exact_float64
+
+    model = TransformerBridge.boot_transformers(
+        str(ref.ROOT / arch), device="cpu", dtype=torch.float64
+    )
+    if arch != "gpt2":  # transformers' float32 rotary tables; see backend_bridge.exact_float64
+        exact_float64(model)
+    return model
+
+
+def assert_equal_to_reference(
+    got: dict[str, np.ndarray], reference: dict[str, np.ndarray], key: str
+) -> None:
+    expected = {k for k in reference if k.startswith(key + "/")}
+    assert set(got) == expected
+    for name, value in got.items():
+        scale = float(np.abs(reference[name]).max())
+        err = float(np.abs(value - reference[name]).max())
+        assert err <= TOLERANCE * scale, f"{name}: {err:.2e} > {TOLERANCE:.0e} · {scale:.2e}"
+
+
+def _case_id(case: tuple[str, str, dict[str, Any]]) -> str:
+    return ref.key_of(*case).rstrip("/")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ref.CASES, ids=_case_id)
+def test_every_method_equals_the_reference(backend, case, loaded, reference):
+    arch, method, options = case
+    assert arch_of(loaded[arch]).backend == backend
+    if backend == "bridge" and method in ref.HOOKED_ONLY:
+        with pytest.raises(ModelError, match="backend='hooked'"):
+            ref.case_arrays(loaded[arch], arch, method, options)
+        return
+    got = ref.case_arrays(loaded[arch], arch, method, options)
+    assert_equal_to_reference(got, reference, ref.key_of(arch, method, options))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ref.ARCHS)
+def test_evaluation_generation_and_reagent_equal_the_reference(backend, arch, loaded, reference):
+    """AOPC, insertion/deletion, Soft-NC/NS (dynamic and fixed routing), a generation target and
+    ReAGent on the model's own AttnLRP attribution: the same numbers on both backends."""
+    assert arch_of(loaded[arch]).backend == backend
+    got = ref.evaluation_arrays(loaded[arch], arch)
+    assert_equal_to_reference(got, reference, f"eval/{arch}")
+
+
+def test_the_default_backend_is_the_installed_majors():
+    assert default_backend() == ("bridge" if BRIDGE else "hooked")
+    other = "hooked" if BRIDGE else "bridge"
+    with pytest.raises(ModelError, match="TransformerLens"):
+        check_backend(other)
+    with pytest.raises(ModelError, match="backend must be one of"):
+        check_backend("jax")
+
+
+# --------------------------------------------------------------------------- the user's own bridge
+@needs_bridge
+@pytest.mark.parametrize("case", ref.ABLATION_CASES, ids=_case_id)
+def test_a_users_bridge_with_a_head_ablated_equals_the_hooked_ablation(case, reference):
+    """ALTI-Logit head scores and AttnLRP relevances under a user's hook zeroing one head equal
+    the same ablation on the HookedTransformer (fixture), for a returned copy and an in-place
+    edit; the ablation changes them, and the user's hook is still there afterwards."""
+    arch, method, options = case
+    model = user_bridge(arch)
+
+    def in_place(z: torch.Tensor, hook: Any) -> None:
+        z[:, :, ref.ABLATED_HEAD] = 0.0
+
+    key = "ablated/" + ref.key_of(arch, method, options)
+    for ablation in (ref.ablate_head, in_place):
+        model.add_hook(ref.ABLATED_HOOK, ablation)
+        before = model_state_fingerprint(model)
+        got = ref.case_arrays(model, arch, method, options, prefix="ablated/")
+        assert model_state_fingerprint(model) == before
+        assert len(model.hook_dict[ref.ABLATED_HOOK].fwd_hooks) == 1
+        model.reset_hooks()
+        assert_equal_to_reference(got, reference, key)
+    plain = reference[ref.key_of(arch, method, options) + "/scores"]
+    assert float(np.abs(got[key + "/scores"] - plain).max()) > 1e-3 * float(np.abs(plain).max())
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ref.ARCHS)
+def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
+    """The per-call settings (python norms, compatibility masking) are undone, also when a user
+    hook raises mid-forward; the bridge's own forward is then the one it had before."""
+    model = user_bridge(arch)
+    flags = _bridge_flags(model)
+    tokens = torch.tensor([[2, 10, 11, 12, 13]])
+    with torch.no_grad():
+        logits = model(tokens)
+    attribute(model, ref.PROMPTS, ref.target(), method="attnlrp")
+    assert _bridge_flags(model) == flags
+
+    def boom(x: torch.Tensor, hook: Any) -> None:
+        raise RuntimeError("user hook failed")
+
+    model.add_hook("blocks.0.hook_resid_post", boom)
+    before = model_state_fingerprint(model)
+    with pytest.raises(RuntimeError, match="user hook failed"):
+        attribute(model, ref.PROMPTS, ref.target(), method="grad_x_input")
+    assert model_state_fingerprint(model) == before and _bridge_flags(model) == flags
+    model.reset_hooks()
+    with torch.no_grad():
+        assert torch.equal(model(tokens), logits)
+
+
+def _bridge_flags(model: Any) -> list[tuple[str, bool]]:
+    return [
+        (name, bool(getattr(m, flag)))
+        for name, m in model.named_modules()
+        for flag in ("use_native_layernorm_autograd", "compatibility_mode")
+        if hasattr(m, flag)
+    ]
+
+
+# --------------------------------------------------------------------------- each trap, mapped
+def _batch(model: Any) -> Any:
+    return to_batch(model, ref.PROMPTS)
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ref.ARCHS)
+def test_final_residual_is_the_residual_not_logits(arch):
+    """``stop_at_layer`` returns logits on the bridge: the backend reads the input of
+    ``ln_final`` instead, equal to the last block's ``hook_resid_post``, also when a hook inside a
+    block applies the head (the logit lens calls ``ln_final`` there)."""
+    model = user_bridge(arch)
+    batch = _batch(model)
+    arch_ = batch.arch
+    last: dict[str, torch.Tensor] = {}
+    head = lm_head(model, arch_)
+
+    def lens(x: torch.Tensor, hook: Any) -> None:
+        head(x[:, -1])  # runs ln_final inside a block
+
+    def keep(x: torch.Tensor, hook: Any) -> None:
+        last["x"] = x
+
+    hooks = [
+        (hook_name("resid_post", 0), lens),
+        (hook_name("resid_post", arch_.n_layers - 1), keep),
+    ]
+    with no_grad_context(model), model.hooks(fwd_hooks=hooks):
+        resid = final_residual(model, arch_, batch.tokens, batch.mask, batch.padded)
+    assert resid.shape[-1] == arch_.d_model
+    assert torch.equal(resid, last["x"])
+
+
+@needs_bridge
+def test_rotary_bridges_take_only_the_token_embedding():
+    """``hook_pos_embed`` exists on a rotary bridge but never fires: the embedding hooks of a
+    rotary model are the token embedding alone, and GPT-2's positional embedding hook fires."""
+    llama, gpt2 = user_bridge("llama"), user_bridge("gpt2")
+    assert "hook_pos_embed" in llama.hook_dict
+    for model, names in ((llama, ["hook_embed"]), (gpt2, ["hook_embed", "hook_pos_embed"])):
+        batch = _batch(model)
+        assert embedding_hooks(batch.arch) == names
+        with no_grad_context(model):
+            run(model, batch, ref.target(), capture=names)  # raises if one did not fire
+    batch = _batch(llama)
+    with no_grad_context(llama), pytest.raises(RuntimeError, match="did not fire"):
+        run(llama, batch, ref.target(), capture=["hook_pos_embed"])
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ref.ARCHS)
+def test_gradients_at_reshaped_hooks_and_norm_scales_are_true_derivatives(arch):
+    """q/k/v/z hooks see reshaped copies and a native norm's ``hook_scale`` is off the graph;
+    inside a call the gradient a method takes at each equals the central difference of the
+    explained scalar along a random direction (float64, step 1e-5: error ~1e-9 relative)."""
+    model = user_bridge(arch)
+    batch = _batch(model)
+    names = [hook_name(k, 0) for k in ("q", "k", "v")] + [hook_name("z", 1)]
+    names.append(hook_name("scale", 1, "ln1"))
+    gen = torch.Generator().manual_seed(0)
+    with grad_context(model):
+        result = run(model, batch, ref.target(), capture=names)
+        assert result.value is not None
+        grads = torch.autograd.grad(result.value.sum(), [result.captured[n] for n in names])
+    step = 1e-5
+
+    def shifted(name: str, shift: torch.Tensor) -> float:
+        def hook(a: torch.Tensor, hook: Any) -> torch.Tensor:
+            return a + shift
+
+        with no_grad_context(model):
+            out = run(model, batch, ref.target(), fwd_hooks=[(name, hook)])
+        assert out.value is not None
+        return float(out.value.sum())
+
+    for name, grad in zip(names, grads):
+        x = result.captured[name].detach()
+        direction = torch.randn(x.shape, generator=gen, dtype=x.dtype)
+        up, down = shifted(name, step * direction), shifted(name, -step * direction)
+        numeric = (up - down) / (2 * step)
+        analytic = float((grad * direction).sum())
+        assert abs(analytic) > 1e-8, name
+        assert abs(numeric - analytic) <= 1e-6 * abs(analytic), (name, numeric, analytic)
+
+
+@needs_bridge
+def test_grouped_value_weights_and_absent_biases():
+    """Llama-GQA: the bridge's ``W_V`` has the KV-head count and its biases are ``None``; the
+    backend gives ``hook_v``'s weights (zero biases), which reproduce ``hook_v`` from the
+    first norm's output, expanded per query head on request."""
+    model = user_bridge("llama")
+    arch = arch_of(model)
+    attn = model.blocks[0].attn
+    assert attn.b_V is None and attn.b_O is None
+    w_v, b_v = value_weights(attn, arch.n_kv_heads)
+    assert w_v.shape == (arch.n_kv_heads, arch.d_model, arch.d_head)
+    assert torch.equal(b_v, torch.zeros_like(b_v))
+    w_q, _ = value_weights(attn, arch.n_heads)
+    group = arch.n_heads // arch.n_kv_heads
+    assert torch.equal(w_q[::group], w_v)
+    w_o, b_o = output_weights(attn)
+    assert w_o.shape == (arch.n_heads, arch.d_head, arch.d_model) and not b_o.any()
+    batch = _batch(model)
+    names = ["blocks.0.ln1.hook_out", hook_name("v", 0)]
+    with no_grad_context(model):
+        seen = run(model, batch, ref.target(), capture=names).captured
+    v = torch.einsum("bpd,kdh->bpkh", seen[names[0]], w_v) + b_v
+    assert torch.allclose(v, seen[names[1]], rtol=0, atol=1e-13)
+
+
+@needs_bridge
+def test_left_padded_rows_stay_finite_and_equal_single_items():
+    """A fully masked (left-pad) query row: finfo.min masks sum to −inf in float64 and the
+    bridge's softmax gives NaN there, which would poison every later position; inside a call
+    the compatibility masking zeroes it, and each padded item equals its own unpadded run."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    booted = TransformerBridge.boot_transformers(
+        str(ref.ROOT / "llama"), device="cpu", dtype=torch.float64
+    )
+    tokens = torch.tensor([[0, 2, 10, 11, 12]])
+    with torch.no_grad():
+        raw = booted(tokens, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    assert torch.isnan(raw).all()  # the trap, as the bridge computes outside a call
+    # as booted, the bridge's softmax is float32: equal to float32 rounding; float64 throughout
+    # (exact_float64) equal to float64 rounding
+    for model, tol in ((booted, 1e-6), (user_bridge("llama"), 1e-10)):
+        batched = attribute(model, ref.PROMPTS, ref.target(), method="alti_logit")
+        assert torch.isfinite(batched.scores).all()
+        for b, prompt in enumerate(ref.PROMPTS):
+            target = Target(token=ref.target().token[b], foil=ref.target().foil[b])
+            single = attribute(model, [prompt], target, method="alti_logit")
+            n = int(single.mask.sum())
+            scale = float(single.scores.abs().max())
+            torch.testing.assert_close(
+                batched.scores[b][batched.mask[b]], single.scores[0][:n], rtol=0, atol=tol * scale
+            )
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ["llama", "neox"])
+def test_rotated_queries_and_keys_are_seen_on_every_rotary_bridge(arch):
+    """GPT-NeoX's joint-QKV attention bridge never fires ``hook_rot_q``/``hook_rot_k``; inside a
+    call they fire (Grad-ELLM reads them), and their products are the attention scores."""
+    model = user_bridge(arch)
+    batch = _batch(model)
+    q_name, k_name = query_key_hooks(batch.arch, 1)
+    fired: list[str] = []
+    with model.hooks(fwd_hooks=[(q_name, lambda x, hook: fired.append("q"))]), torch.no_grad():
+        model(batch.tokens[:1])
+    assert fired == ([] if arch == "neox" else ["q"])  # the trap, outside a call
+    names = [q_name, k_name, hook_name("attn_scores", 1)]
+    with no_grad_context(model):
+        seen = run(model, batch, ref.target(), capture=names).captured
+    q, k, scores = (seen[n] for n in names)
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    products = torch.einsum("bqhd,bkhd->bhqk", q, k) / batch.arch.d_head**0.5
+    visible = torch.isfinite(scores)
+    assert visible.any()
+    torch.testing.assert_close(products[visible], scores[visible], rtol=1e-12, atol=1e-14)
+
+
+@needs_bridge
+def test_encoder_bridges_are_refused_with_the_backend_that_works(tmp_path):
+    """BERT on the bridge (other hook names, MLM head layout) is not mapped yet: a clear error
+    naming ``backend='hooked'`` instead of silently wrong numbers."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import BertConfig, BertForMaskedLM
+
+    from lens_attrib.tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer(encoder=True)
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertForMaskedLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        load_model(str(tmp_path), backend="bridge")
+    model = TransformerBridge.boot_transformers(str(tmp_path), device="cpu")
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        attribute(model, ["the keys to the cabinet are"], Target(position=-2), method="alti")
+
+
+@needs_bridge
+def test_bridge_logit_soft_cap_and_split_forwards():
+    """A soft-capped bridge (Gemma 2's ``c·tanh(u/c)``, which the bridge applies after
+    ``unembed``; here set on the config of the tiny GPT-2) gets the cap in ``lm_head`` and the
+    same refusal of ``unembedding`` as 3.9;
+    the forwards split at a block (value zeroing, frozen-prefix training) raise a ModelError
+    naming the backend that has them."""
+    from lens_attrib.backend import block_forward, residual_before, residual_from, unembedding
+    from lens_attrib.errors import TargetError
+
+    model = user_bridge("gpt2")
+    batch = _batch(model)
+    resid = final_residual(model, batch.arch, batch.tokens, batch.mask, batch.padded)[:, -1]
+    plain = lm_head(model, batch.arch)(resid)
+    with no_grad_context(model):
+        full = model(batch.tokens, attention_mask=batch.mask.long())
+    torch.testing.assert_close(plain, full[:, -1], rtol=1e-10, atol=1e-12)  # the model's head
+    before = model.cfg.output_logits_soft_cap
+    model.cfg.output_logits_soft_cap = 2.0
+    try:
+        arch = arch_of(model)
+        assert arch.logit_soft_cap == 2.0 and not arch.moe
+        capped = lm_head(model, arch)(resid)
+        torch.testing.assert_close(capped, 2.0 * torch.tanh(plain / 2.0), rtol=1e-12, atol=0)
+        with pytest.raises(TargetError, match="soft-caps its logits"):
+            unembedding(model)
+    finally:
+        model.cfg.output_logits_soft_cap = before
+    mask, padded = batch.mask, batch.padded
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        block_forward(model, batch.arch, 0, torch.zeros(1, 2, batch.arch.d_model), mask, padded)
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        residual_before(model, batch.arch, 1, batch.tokens, mask, padded)
+    with pytest.raises(ModelError, match="backend='hooked'"):
+        residual_from(model, batch.arch, torch.zeros(1, 2, batch.arch.d_model), 1, mask[:1] | True)
