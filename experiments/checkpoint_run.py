@@ -127,9 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repo", default=".", help="the git repository (default: here)")
     parser.add_argument("--root", default=str(RUNS), help="folder of run directories")
     opts = parser.parse_args(args[:split])
-    return checkpoint_run(
+    code = checkpoint_run(
         opts.name, args[split + 1 :], every=opts.every, repo=opts.repo, root=opts.root
     )
+    return code if code >= 0 else 128 - code  # killed by signal N: the shell's 128 + N
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -230,3 +233,54 @@ def test_checkpoint_run_commits_the_run_directory_only(tmp_path):
     failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
     assert checkpoint_run.main(["fake2", "--repo", str(repo), "--", *failing]) == 3
     assert _git(repo, "log", "-1", "--format=%s").strip() == "run fake2: 0 records"
+
+
+def test_agreement_table_from_its_committed_records(tmp_path):
+    """The experiment journaled into a run directory: the regenerated summary equals the one
+    the experiment computed (same groups, means, intervals, counts)."""
+    from experiments import agreement
+
+    journal = tmp_path / "runs" / "agr" / runs.JOURNAL
+    args = ["--n", "3", "--tasks", "sva", "--batch-size", "2", "--device", "cpu",
+            "--methods", "grad_x_input,random", "--out", str(tmp_path / "out")]  # fmt: skip
+    first = agreement.main([*args, "--journal", str(journal), "--resume"])
+    assert not (tmp_path / "out" / "agreement.records.jsonl").exists()
+    result, text = runs.tables(journal.parent)
+    keys = ("task", "mode", "specials", "method", "metric")
+    ours = {tuple(r[k] for k in keys): r for r in result.summary}
+    theirs = {tuple(r[k] for k in keys): r for r in first["summary"]}
+    assert ours.keys() == theirs.keys() and ours
+    for key, row in theirs.items():
+        for field in ("mean", "ci_low", "ci_high", "n"):
+            a, b = ours[key][field], row[field]
+            assert a == b or (math.isnan(a) and math.isnan(b)), (key, field)
+    assert "grad_x_input" in text and "specials" in text
+
+
+def test_checkpoint_run_passes_sigterm_on_and_commits(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    script = tmp_path / "fake.py"
+    script.write_text(textwrap.dedent(FAKE_RUN))
+    journal = repo / "docs/results/runs/long" / runs.JOURNAL
+    cmd = [sys.executable, "-m", "experiments.checkpoint_run", "long", "--every", "600"]
+    cmd += ["--repo", str(repo), "--", sys.executable, str(script), str(journal), "1000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+            journal.exists() and len(read_lines(journal)) > 3
+        ):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    n = len(read_lines(journal)) - 1
+    assert 2 < n < 1000
+    assert _git(repo, "log", "--format=%s").splitlines() == [f"run long: {n} records"]
