@@ -532,6 +532,7 @@ def run(
         },
         resume=args.resume,
         overwrite=args.overwrite,
+        journal=args.journal,
     )
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}

@@ -312,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         {**manifest(args), "start_token": start},
         resume=args.resume,
         overwrite=args.overwrite,
+        journal=args.journal,
     )
     result = run(model, args, datasets, methods, pis, units)
     records, accuracy, figs, examples = (

@@ -14,6 +14,10 @@ separate processes can take disjoint ``--methods`` on the same ``--out`` (start 
 the other), and a last run with every method makes the table from the journal alone. A unit's key
 carries a fingerprint of its items, so units of other items are never taken for it, and its line
 records the code version (package version and git commit) that computed it.
+
+``--journal PATH`` keeps the journal elsewhere, e.g. compressed in a run directory of the
+repository (``docs/results/runs/<name>/records.jsonl.gz`` with ``manifest.json``,
+:mod:`lens_attrib.evaluation.runs`), so that the run resumes from a fresh checkout.
 """
 
 from __future__ import annotations
@@ -48,12 +52,15 @@ class Units:
         *,
         resume: bool = False,
         overwrite: bool = False,
+        journal: str | Path | None = None,
     ) -> None:
+        """``journal``: the journal's path (``.jsonl`` or compressed ``.jsonl.gz``) instead of
+        ``<out>/<name>.records.jsonl``; either one makes the run journaled."""
         self.journal: Journal | None = None
         self.computed = 0
         self.reused = 0
-        if out is not None:
-            path = Path(out) / f"{name}.records.jsonl"
+        if journal is not None or out is not None:
+            path = Path(str(out)) / f"{name}.records.jsonl" if journal is None else Path(journal)
             if path.exists() and not (resume or overwrite):
                 raise FileExistsError(
                     f"{path} holds the records of an earlier run. Pass --resume (resume=True) "
@@ -103,6 +110,12 @@ def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) 
     )
     parser.add_argument(
         "--overwrite", action="store_true", help="discard a journal already in --out"
+    )
+    parser.add_argument(
+        "--journal",
+        default=None,
+        help=f"journal here instead of <out>/{name}.records.jsonl (.jsonl.gz: compressed, "
+        "e.g. docs/results/runs/<run>/records.jsonl.gz, resumable from a fresh checkout)",
     )
 
 

@@ -32,6 +32,7 @@ from lens_attrib.cli import (
 from lens_attrib.evaluation import distributed
 from lens_attrib.evaluation.items import load_task
 from lens_attrib.evaluation.metrics import METRICS
+from lens_attrib.evaluation.provenance import shard_journal
 from lens_attrib.evaluation.records import EvalResult
 from lens_attrib.evaluation.runner import evaluate
 
@@ -99,6 +100,19 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         "(<stem>.records.jsonl) and a rerun resumes from them",
     )
     parser.add_argument(
+        "--journal",
+        default=None,
+        help="journal finished batches here instead of beside --out (.jsonl, or .jsonl.gz "
+        "compressed: a run directory's docs/results/runs/<name>/records.jsonl.gz, with its "
+        "manifest.json beside it); an existing one needs --resume or --overwrite",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --journal (finished batches reused; the journal beside "
+        "--out is always resumed)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="discard an existing journal of --out instead of resuming it",
@@ -141,6 +155,13 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         help="no progress bars and no log lines (bars alone: LENS_ATTRIB_PROGRESS=0)",
     )
     args = parser.parse_args(argv)
+    if args.journal is not None and not (args.resume or args.overwrite):
+        existing = shard_journal(args.journal, args.shard)
+        if existing.exists():
+            parser.error(
+                f"{existing} holds the records of an earlier run: pass --resume to continue "
+                "it (finished batches reused) or --overwrite to discard them"
+            )
     if not args.quiet:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     rank = distributed.init_from_env()
@@ -164,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
             out=args.out,
             overwrite=args.overwrite,
             start_token=args.start_token,
+            journal=args.journal,
         )
     finally:
         if rank is not None:

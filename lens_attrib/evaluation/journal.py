@@ -10,14 +10,26 @@ again. A bad line anywhere else is corruption that this writer cannot produce, a
 
 Opening an existing journal with a different manifest is an error that names the differing
 fields: records of two different runs are never mixed (use a new output path or ``overwrite``).
-Floats are written losslessly (``repr`` round trip; NaN as ``NaN``).
+The code version (``code_version``) is not compared: a run resumes under newer code (e.g. on a
+fresh checkout after the run's own commits), and each batch written by code other than the
+manifest's records that code under ``info.code``. Floats are written losslessly (``repr`` round
+trip; NaN as ``NaN``).
+
+*Compressed journals*: a path ending in ``.gz`` (e.g. ``records.jsonl.gz``) holds the same lines,
+each written as its own gzip member appended to the file; concatenated members are one valid
+multi-member gzip stream (``gzip.open``/``zcat`` read it whole). A killed run leaves at most an
+incomplete last member, which is dropped (and cut) like a torn line. Beside a compressed journal
+a readable copy of its manifest is kept (:func:`manifest_path`: ``manifest.json`` for
+``records.jsonl.gz``), for people and diffs; the journal's first line stays the reference.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import warnings
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +37,9 @@ from typing import Any
 
 FORMAT = 1
 """Version of the journal layout (part of the manifest)."""
+
+UNCOMPARED = ("code_version",)
+"""Manifest fields a resumed run may change (the code version; each batch records its own)."""
 
 
 class ManifestMismatch(ValueError):
@@ -41,10 +56,26 @@ def normalized(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """``"field: old -> new"`` for every (nested) field that differs between two manifests."""
+def is_compressed(path: str | Path) -> bool:
+    """Whether the journal at ``path`` is gzip-compressed (its name ends in ``.gz``)."""
+    return Path(path).suffix == ".gz"
+
+
+def manifest_path(path: str | Path) -> Path:
+    """The readable manifest copy beside the journal ``path``: ``manifest.json`` for a journal
+    named ``records.jsonl[.gz]``, else ``<name without .jsonl[.gz]>.manifest.json``."""
+    path = Path(path)
+    stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
+    return path.with_name("manifest.json" if stem == "records" else f"{stem}.manifest.json")
+
+
+def differences(
+    old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "", *, skip: Sequence[str] = ()
+) -> list[str]:
+    """``"field: old -> new"`` for every (nested) field that differs between two manifests
+    (top-level fields in ``skip`` ignored)."""
     out: list[str] = []
-    for key in sorted(set(old) | set(new)):
+    for key in sorted((set(old) | set(new)) - set(skip)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out += differences(a, b, f"{prefix}{key}.")
@@ -60,6 +91,8 @@ class Journal:
     path: Path
     manifest: dict[str, Any]
     batches: list[dict[str, Any]] = field(default_factory=list)
+    code: dict[str, Any] | None = None
+    """The code version of this process when it differs from the manifest's (resumed run)."""
 
     @classmethod
     def open(
@@ -74,18 +107,26 @@ class Journal:
         wanted = {"kind": "manifest", "format": FORMAT, **normalized(manifest)}
         lines = [] if overwrite or not path.exists() else read_lines(path, repair=True)
         if lines and lines[0].get("kind") == "manifest":
-            changed = differences(lines[0], wanted)
+            changed = differences(lines[0], wanted, skip=UNCOMPARED)
             if changed:
                 raise ManifestMismatch(
                     f"{path} holds the records of a different run ({'; '.join(changed)}). "
                     "Resuming would mix the two: write to a new output path, or pass "
                     "--overwrite (overwrite=True) to discard the old records and start again."
                 )
-            return cls(path, wanted, [ln for ln in lines[1:] if ln.get("kind") == "batch"])
-        if lines:
+            old, new = lines[0].get("code_version"), wanted.get("code_version")
+            batches = [ln for ln in lines[1:] if ln.get("kind") == "batch"]
+            journal = cls(path, lines[0], batches, code=new if new != old else None)
+        elif lines:
             raise JournalCorrupt(f"{path} does not start with a manifest line: not a journal.")
-        journal = cls(path, wanted)
-        _write(path, [wanted], mode="w")
+        else:
+            journal = cls(path, wanted)
+            _write(path, [wanted], mode="w")
+        if is_compressed(path):
+            copy = manifest_path(path)
+            text = json.dumps(journal.manifest, indent=1, sort_keys=True) + "\n"
+            if not copy.exists() or copy.read_text(encoding="utf-8") != text:
+                copy.write_text(text, encoding="utf-8")
         return journal
 
     def finished(self, method: str) -> set[int]:
@@ -115,6 +156,8 @@ class Journal:
             "bucket": int(bucket),
             "records": list(records),
         }
+        if self.code is not None and not (info and "code" in info):
+            info = {**(info or {}), "code": self.code}
         if info:
             line["info"] = normalized(info)
         _write(self.path, [line], mode="a")
@@ -122,43 +165,93 @@ class Journal:
 
 
 def _write(path: Path, lines: Sequence[Mapping[str, Any]], mode: str) -> None:
-    text = "".join(json.dumps(line) + "\n" for line in lines)
-    with path.open(mode, encoding="utf-8") as fh:
-        fh.write(text)
+    """Write ``lines`` with one ``write``, flushed and fsynced (a compressed journal: as one
+    gzip member, appended to the stream)."""
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8")
+    if is_compressed(path):
+        data = gzip.compress(data, mtime=0)
+    with path.open(mode + "b") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
 
 
+def _plain_units(data: bytes) -> tuple[list[tuple[bytes, int]], bytes]:
+    """A plain journal's lines with the byte offset after each; the unterminated tail."""
+    chunks = data.split(b"\n")
+    tail = chunks.pop()  # a complete file ends with b"\n", so its last chunk is empty
+    units, end = [], 0
+    for chunk in chunks:
+        end += len(chunk) + 1
+        units.append((chunk, end))
+    return units, tail
+
+
+_MEMBER_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00"
+"""How every member this writer makes begins (gzip magic, deflate, no flags, mtime 0)."""
+
+
+def _gzip_units(path: Path, data: bytes) -> tuple[list[tuple[bytes, int]], bytes]:
+    """A compressed journal's members (their text, the byte offset after each); the bytes of
+    an incomplete last member. A member that fails to decompress is corruption."""
+    units: list[tuple[bytes, int]] = []
+    offset = 0
+    while offset < len(data):
+        member = zlib.decompressobj(wbits=31)
+        try:
+            text = member.decompress(data[offset:])
+        except zlib.error as err:
+            raise JournalCorrupt(
+                f"{path}, gzip member {len(units) + 1} (byte {offset}), does not decompress "
+                f"({err}); a killed run can only cut the last member short. Move the file "
+                "aside and rerun."
+            ) from None
+        if not member.eof:
+            if data.find(_MEMBER_HEADER, offset + 1) >= 0:  # later members follow: not torn
+                raise JournalCorrupt(
+                    f"{path}, gzip member {len(units) + 1} (byte {offset}), is cut short but "
+                    "more members follow it; only the last member can be torn by a killed "
+                    "run. Move the file aside and rerun."
+                )
+            return units, data[offset:]
+        offset = len(data) - len(member.unused_data)
+        units.append((text, offset))
+    return units, b""
+
+
 def read_lines(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
-    """The journal's valid lines; a torn last line is dropped (``repair``: and cut from the file).
+    """The journal's valid lines; a torn last line (compressed: an incomplete or unreadable
+    last member) is dropped (``repair``: and cut from the file).
 
     Raises :class:`JournalCorrupt` for an invalid line that is not the last one.
     """
     path = Path(path)
     data = path.read_bytes()
-    chunks = data.split(b"\n")
-    # a complete file ends with b"\n", so its last chunk is empty
-    torn_tail = chunks.pop()
+    compressed = is_compressed(path)
+    units, torn_tail = _gzip_units(path, data) if compressed else _plain_units(data)
+    what = "member" if compressed else "line"
     lines: list[dict[str, Any]] = []
     good_bytes = 0
-    for number, chunk in enumerate(chunks, start=1):
+    for number, (unit, end) in enumerate(units, start=1):
         try:
-            parsed = json.loads(chunk)
-            if not isinstance(parsed, dict):
+            parsed = [json.loads(text) for text in unit.splitlines()]
+            if not parsed or not all(isinstance(p, dict) for p in parsed):
                 raise ValueError("not an object")
+            if compressed and not unit.endswith(b"\n"):
+                raise ValueError("no final newline")
         except ValueError as err:
-            if number == len(chunks) and not torn_tail:
-                torn_tail = chunk  # an unparsable last line: torn as well
+            if number == len(units) and not torn_tail:
+                torn_tail = unit  # an unparsable last line: torn as well
                 break
             raise JournalCorrupt(
-                f"{path}, line {number}, is not a valid record line ({err}); only the last "
-                "line can be torn by a killed run. Move the file aside and rerun."
+                f"{path}, {what} {number}, is not a valid record line ({err}); only the last "
+                f"{what} can be torn by a killed run. Move the file aside and rerun."
             ) from None
-        lines.append(parsed)
-        good_bytes += len(chunk) + 1
+        lines += parsed
+        good_bytes = end
     if torn_tail:
         warnings.warn(
-            f"{path}: dropped a torn last line ({len(torn_tail)} bytes, the batch in flight "
+            f"{path}: dropped a torn last {what} ({len(torn_tail)} bytes, the batch in flight "
             "when the run stopped); it will be recomputed.",
             RuntimeWarning,
             stacklevel=3,
@@ -182,7 +275,9 @@ __all__ = [
     "JournalCorrupt",
     "ManifestMismatch",
     "differences",
+    "is_compressed",
     "load_journal_records",
+    "manifest_path",
     "normalized",
     "read_lines",
 ]

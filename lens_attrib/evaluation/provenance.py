@@ -80,4 +80,22 @@ def journal_path(out: str | Path, shard: tuple[int, int] | None) -> Path:
     return out.with_name(f"{out.stem}{tag}.records.jsonl")
 
 
-__all__ = ["code_version", "data_hash", "journal_path", "model_facts", "run_manifest"]
+def shard_journal(journal: str | Path, shard: tuple[int, int] | None) -> Path:
+    """A journal path given by the user, for ``shard``: ``records.jsonl.gz`` becomes
+    ``records.shard-i-of-n.jsonl.gz`` (unchanged without a shard)."""
+    journal = Path(journal)
+    if shard is None:
+        return journal
+    name = journal.name
+    ext = next((e for e in (".jsonl.gz", ".jsonl", ".gz") if name.endswith(e)), journal.suffix)
+    return journal.with_name(f"{name.removesuffix(ext)}.shard-{shard[0]}-of-{shard[1]}{ext}")
+
+
+__all__ = [
+    "code_version",
+    "data_hash",
+    "journal_path",
+    "model_facts",
+    "run_manifest",
+    "shard_journal",
+]

@@ -44,7 +44,7 @@ from lens_attrib.evaluation.loop import (
     run_plan,
 )
 from lens_attrib.evaluation.metrics import METRICS, ScoreOptions, check_metrics, score
-from lens_attrib.evaluation.provenance import journal_path, run_manifest
+from lens_attrib.evaluation.provenance import journal_path, run_manifest, shard_journal
 from lens_attrib.evaluation.records import (
     EvalResult,
     merge_records,
@@ -77,6 +77,7 @@ def evaluate(
     out: str | Path | None = None,
     overwrite: bool = False,
     start_token: StartTokenLike = None,
+    journal: str | Path | None = None,
 ) -> EvalResult:
     """Score ``methods`` × ``metrics`` on ``dataset`` (see the module doc).
 
@@ -105,6 +106,9 @@ def evaluate(
     first appended to the journal ``<out stem>[.shard-i-of-n].records.jsonl``
     (:mod:`lens_attrib.evaluation.journal`). Rerunning with the same ``out`` skips the batches
     already on disk; a journal of a different run is an error unless ``overwrite``.
+    ``journal``: journal there instead (``.jsonl``, or ``.jsonl.gz`` compressed, e.g. a run
+    directory's ``docs/results/runs/<name>/records.jsonl.gz``, :mod:`~.evaluation.runs`; a shard
+    inserts ``.shard-i-of-n`` before the extension), with or without ``out``.
     """
     check_metrics(metrics, "evaluate")
     check_evaluate_args(dataset, methods, batch_size, target)
@@ -143,18 +147,25 @@ def evaluate(
         "model": getattr(model.cfg, "model_name", None),
         "start_token": start.describe(),
     }
-    journal = None
-    if out is not None:
+    records_at = (
+        shard_journal(journal, shard)
+        if journal is not None
+        else journal_path(out, shard)
+        if out is not None
+        else None
+    )
+    opened = None
+    if records_at is not None:
         facts = {"method_options": method_options, "metric_options": metric_options or {}}
         manifest = run_manifest(model, dataset, {**config, **facts, "special_ids": special})
-        journal = Journal.open(journal_path(out, shard), manifest, overwrite=overwrite)
+        opened = Journal.open(records_at, manifest, overwrite=overwrite)
     explained = (True,) if only_correct else (True, False, None)  # by correctness
     sizer = BatchSizer(batch_size, auto=auto)
-    sink = Sink(journal)
+    sink = Sink(opened)
     show = progress and (rank is None or rank.is_main)  # and lens_attrib.progress's switch
     known = correctness_pass(model, dataset, chunks, sizer, sink, metric_rows, show, start_token)
     for method in methods:
-        done = journal.finished(method) if journal is not None else set()
+        done = opened.finished(method) if opened is not None else set()
         plan = [
             (chunk, todo)
             for chunk in chunks

@@ -1,0 +1,137 @@
+"""Run a long command and commit its run directory to git every so often, so it survives.
+
+    python -m experiments.checkpoint_run NAME [--every 1200] -- python -m experiments.agreement \\
+        --n 100 --journal docs/results/runs/NAME/records.jsonl.gz --resume
+
+starts the command in the background (its output goes to this process's), writes the command to
+``docs/results/runs/NAME/command.txt``, and every ``--every`` seconds commits that folder — only
+that folder: ``git add -- <dir>`` then ``git commit -m "run NAME: K records" -- <dir>``, and
+only when something in it changed. When the command ends (or this process gets SIGINT /
+SIGTERM, which it passes on to the command first) it commits once more and exits with the
+command's exit status. It never pushes. A commit may catch the journal mid-write: the torn last
+line or gzip member is dropped when the run resumes (:mod:`lens_attrib.evaluation.journal`).
+
+Continue a run on a fresh checkout by running the same line again: with ``--resume`` in the
+wrapped command, finished batches are read from the committed journal and only the rest is
+computed (see ``docs/results/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from lens_attrib.evaluation.journal import JournalCorrupt, read_lines
+from lens_attrib.evaluation.runs import RUNS, run_dir
+
+
+def count_records(directory: Path) -> int:
+    """Records in the run directory's journals (0 when there is none yet)."""
+    total = 0
+    for path in sorted(directory.glob("records*.jsonl*")):
+        try:
+            lines = read_lines(path)
+        except (JournalCorrupt, OSError):
+            continue
+        total += sum(len(ln["records"]) for ln in lines[1:] if ln.get("kind") == "batch")
+    return total
+
+
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def commit(repo: Path, directory: Path, name: str) -> bool:
+    """Commit ``directory`` (and nothing else) if it changed; whether a commit was made."""
+    rel = str(directory.resolve().relative_to(repo.resolve()))
+    added = git(repo, "add", "--", rel)
+    if added.returncode != 0:
+        raise RuntimeError(f"git add -- {rel} failed: {added.stderr.strip()}")
+    if git(repo, "diff", "--cached", "--quiet", "--", rel).returncode == 0:
+        return False
+    message = f"run {name}: {count_records(directory)} records"
+    done = git(repo, "commit", "--no-verify", "-q", "-m", message, "--", rel)
+    if done.returncode != 0:
+        raise RuntimeError(f"git commit of {rel} failed: {done.stderr.strip()}")
+    print(f"[checkpoint_run] committed: {message}", flush=True)
+    return True
+
+
+def checkpoint_run(
+    name: str,
+    command: Sequence[str],
+    *,
+    every: float = 1200.0,
+    repo: str | Path = ".",
+    root: str | Path = RUNS,
+) -> int:
+    """Run ``command``, committing ``<repo>/<root>/<name>`` every ``every`` seconds and at its
+    end; returns the command's exit status."""
+    if not command:
+        raise ValueError("no command to run: put it after --, e.g. -- python -m experiments.…")
+    if every <= 0:
+        raise ValueError(f"--every must be positive seconds, got {every}")
+    repo = Path(repo)
+    top = git(repo, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise ValueError(f"{repo} is not inside a git repository: {top.stderr.strip()}")
+    repo = Path(top.stdout.strip())
+    directory = repo / run_dir(name, root)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "command.txt").write_text(shlex.join(command) + "\n", encoding="utf-8")
+    proc = subprocess.Popen(list(command))
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        next_commit = time.monotonic() + every
+        while True:
+            try:
+                code = proc.wait(timeout=max(0.0, next_commit - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                commit(repo, directory, name)
+                next_commit = time.monotonic() + every
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    commit(repo, directory, name)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args:
+        raise SystemExit(
+            "usage: python -m experiments.checkpoint_run NAME [--every SECONDS] -- COMMAND ..."
+        )
+    split = args.index("--")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.checkpoint_run",
+        description="Run COMMAND, committing docs/results/runs/NAME every --every seconds.",
+    )
+    parser.add_argument("name", help="the run's name (its folder under --root)")
+    parser.add_argument("--every", type=float, default=1200.0, help="seconds between commits")
+    parser.add_argument("--repo", default=".", help="the git repository (default: here)")
+    parser.add_argument("--root", default=str(RUNS), help="folder of run directories")
+    opts = parser.parse_args(args[:split])
+    code = checkpoint_run(
+        opts.name, args[split + 1 :], every=opts.every, repo=opts.repo, root=opts.root
+    )
+    return code if code >= 0 else 128 - code  # killed by signal N: the shell's 128 + N
+
+
+if __name__ == "__main__":
+    sys.exit(main())

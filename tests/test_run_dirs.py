@@ -1,0 +1,286 @@
+"""Runs kept in the repository: compressed journals, run directories, checkpoint commits.
+
+Oracles: a compressed journal reads back exactly what a plain one holds (and ``gzip`` reads it
+as one stream); a run interrupted mid-way and resumed from its compressed journal — under
+another code version — gives the records and the table of an uninterrupted run; the checkpoint
+tool's commits hold the journal as it was, touch nothing else, and the last one holds all of it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments import checkpoint_run
+from experiments.resume import Units
+from lens_attrib.evaluation import cli, provenance, runner, runs
+from lens_attrib.evaluation.items import load_task
+from lens_attrib.evaluation.journal import Journal, JournalCorrupt, manifest_path, read_lines
+from lens_attrib.evaluation.runner import evaluate
+from lens_attrib.tiny_models import tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["grad_x_input", "gradient"]
+METRICS = ["pointing_game", "mrr", "comprehensiveness"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tiny_llama()
+
+
+def _batches(journal: Journal) -> None:
+    for k in range(3):
+        recs = [{"item": 2 * k + j, "value": 0.1 * k + j / 3, "nan": math.nan} for j in range(2)]
+        journal.append("m", [2 * k, 2 * k + 1], recs, batch_size=2, bucket=0)
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    """Equal records, NaN equal to NaN."""
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
+
+
+def test_compressed_journal_reads_back_like_a_plain_one(tmp_path):
+    plain = Journal.open(tmp_path / "p" / "records.jsonl", {"run": 1})
+    packed = Journal.open(tmp_path / "z" / "records.jsonl.gz", {"run": 1})
+    _batches(plain)
+    _batches(packed)
+    assert read_lines(packed.path) == read_lines(plain.path)
+    with gzip.open(packed.path, "rb") as fh:  # members concatenated: one gzip stream
+        assert fh.read() == plain.path.read_bytes()
+    assert json.loads(manifest_path(packed.path).read_text()) == read_lines(packed.path)[0]
+    assert manifest_path(packed.path).name == "manifest.json"
+    assert not manifest_path(plain.path).exists()  # plain journals are readable already
+    again = Journal.open(packed.path, {"run": 1})
+    assert again.batches == packed.batches and again.finished("m") == set(range(6))
+
+
+def test_torn_last_member_is_dropped_and_cut(tmp_path):
+    journal = Journal.open(tmp_path / "records.jsonl.gz", {"run": 1})
+    _batches(journal)
+    whole = journal.path.read_bytes()
+    good = read_lines(journal.path)
+    journal.path.write_bytes(whole + gzip.compress(b'{"kind": "batch", "x": 1}\n')[:-9])
+    with pytest.warns(RuntimeWarning, match="torn last member"):
+        again = Journal.open(journal.path, {"run": 1})
+    assert journal.path.read_bytes() == whole  # the torn member is cut from the file
+    assert len(again.batches) == len(good) - 1
+    again.append("m", [9], [{"item": 9}], batch_size=1, bucket=0)
+    assert read_lines(journal.path)[-1]["items"] == [9]
+    # a complete member whose line is torn JSON, at the end: dropped as well
+    journal.path.write_bytes(whole + gzip.compress(b'{"kind": "batch", "ite'))
+    with pytest.warns(RuntimeWarning, match="torn last member"):
+        assert read_lines(journal.path, repair=True) == good
+    assert journal.path.read_bytes() == whole
+    # damage inside an earlier member is corruption, not a torn end
+    mid = len(gzip.compress(json.dumps(good[0]).encode() + b"\n", mtime=0)) + 12
+    journal.path.write_bytes(whole[:mid] + bytes([whole[mid] ^ 0xFF]) + whole[mid + 1 :])
+    with pytest.raises(JournalCorrupt, match="member 2"):
+        read_lines(journal.path)
+
+
+def test_shard_journal_names():
+    shard = (1, 4)
+    assert provenance.shard_journal("a/records.jsonl.gz", None) == Path("a/records.jsonl.gz")
+    assert provenance.shard_journal("a/records.jsonl.gz", shard).name == (
+        "records.shard-1-of-4.jsonl.gz"
+    )
+    assert provenance.shard_journal("a/r.jsonl", shard).name == "r.shard-1-of-4.jsonl"
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_table(model, tmp_path, monkeypatch):
+    """Half a run, killed (an exception in the method call), then the same call again under a
+    new code version: records and regenerated table equal those of one uninterrupted run."""
+    dataset = load_task("sva", 8, 0)
+    kwargs: dict[str, Any] = {"batch_size": 2, "progress": False}
+    whole = tmp_path / "runs" / "whole" / runs.JOURNAL
+    full = evaluate(model, dataset, METHODS, METRICS, journal=whole, **kwargs)
+
+    real, calls = runner.attribute, []
+
+    def dies_midway(*args: Any, **kw: Any) -> Any:
+        calls.append(kw["method"])
+        if len(calls) == 6:  # 4 batches of the first method, 1 of the second, then killed
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    split = tmp_path / "runs" / "split" / runs.JOURNAL
+    monkeypatch.setattr(runner, "attribute", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, dataset, METHODS, METRICS, journal=split, **kwargs)
+    monkeypatch.setattr(runner, "attribute", real)
+    assert len(read_lines(split)) == 1 + 4 + 4 + 1  # manifest, correctness, 5 method batches
+
+    code = provenance.code_version()
+    newer = {**code, "git": "0" * 40 if code["git"] != "0" * 40 else "1" * 40}
+    monkeypatch.setattr(provenance, "code_version", lambda: newer)
+    resumed = evaluate(model, dataset, METHODS, METRICS, journal=split, **kwargs)
+    _same(resumed.records, full.records)
+    lines = read_lines(split)
+    assert lines[0]["code_version"] == code  # the manifest keeps the run's first code
+    assert [ln.get("info", {}).get("code") for ln in lines[-3:]] == [newer] * 3
+    assert len(lines) == len(read_lines(whole))  # nothing computed twice
+
+    table, text = runs.tables(split.parent)
+    assert text == runs.tables(whole.parent)[1] == full.table()
+    _same(table.records, full.records)
+    paths = runs.write_tables(split.parent)
+    assert paths["table"].read_text() == text + "\n"
+    assert runs.main([str(split.parent)]) == text + "\n"
+
+
+def test_cli_journal_needs_resume_to_continue(model, tmp_path, capsys):
+    journal = tmp_path / "runs" / "cli" / runs.JOURNAL
+    args = ["--model", "tiny-llama", "--task", "sva", "--n-items", "4", "--batch-size", "2",
+            "--methods", "gradient", "--metrics", "mrr", "--quiet"]  # fmt: skip
+    args += ["--journal", str(journal)]
+    first = cli.main(args)
+    assert journal.exists() and (journal.parent / "manifest.json").exists()
+    with pytest.raises(SystemExit):
+        cli.main(args)
+    assert "--resume" in capsys.readouterr().err
+    again = cli.main([*args, "--resume"])
+    _same(again.records, first.records)
+
+
+def test_experiment_units_in_a_compressed_journal(tmp_path):
+    path = tmp_path / "runs" / "e" / runs.JOURNAL
+    units = Units(None, "agreement", {"n": 2}, journal=path)
+    got = units.get("sva/0/C/random", [0, 1], lambda: [{"item": 0, "value": 0.5}])
+    assert units.computed == 1 and units.path == path
+    with pytest.raises(FileExistsError, match="--resume"):
+        Units(None, "agreement", {"n": 2}, journal=path)
+    again = Units(None, "agreement", {"n": 2}, journal=path, resume=True)
+    assert again.get("sva/0/C/random", [0, 1], lambda: []) == got and again.reused == 1
+    manifest, records = runs.load_run(path.parent)
+    assert manifest["experiment"] == "agreement" and records == got
+
+
+def test_experiments_take_the_journal_option(tmp_path):
+    from experiments import agreement, faithfulness
+
+    path = str(tmp_path / runs.JOURNAL)
+    assert agreement.parse_args(["--journal", path, "--resume"]).journal == path
+    assert faithfulness.parse_args(["--journal", path]).journal == path
+
+
+FAKE_RUN = """
+import gzip, json, os, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+os.makedirs(os.path.dirname(path), exist_ok=True)
+def put(line):  # the journal's own format: one flushed gzip member per line
+    with open(path, "ab") as fh:
+        fh.write(gzip.compress((json.dumps(line) + "\\n").encode(), mtime=0))
+put({"kind": "manifest", "fake": True})
+for k in range(n):
+    put({"kind": "batch", "method": "m", "items": [k], "records": [{"item": k}]})
+    time.sleep(0.15)
+"""
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_checkpoint_run_commits_the_run_directory_only(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    (repo / "other.txt").write_text("not part of the run\n")
+    _git(repo, "add", "other.txt")
+    _git(repo, "commit", "-q", "-m", "start")
+    (repo / "other.txt").write_text("edited meanwhile\n")  # must stay uncommitted
+    script = tmp_path / "fake.py"
+    script.write_text(textwrap.dedent(FAKE_RUN))
+    journal = repo / "docs/results/runs/fake" / runs.JOURNAL
+    command = [sys.executable, str(script), str(journal), "12"]
+    code = checkpoint_run.main(["fake", "--every", "0.5", "--repo", str(repo), "--", *command])
+    assert code == 0
+    log = _git(repo, "log", "--format=%s").splitlines()
+    assert log[-1] == "start" and len(log) >= 3  # periodic commits and the final one
+    assert log[0] == "run fake: 12 records"
+    counts = [int(msg.split(": ")[1].split()[0]) for msg in log[:-1]]
+    assert counts == sorted(counts, reverse=True)
+    for rev in range(len(log) - 1):
+        changed = _git(repo, "show", "--name-only", "--format=", f"HEAD~{rev}").split()
+        assert changed and all(p.startswith("docs/results/runs/fake/") for p in changed)
+    assert _git(repo, "status", "--porcelain").strip() == "M other.txt"
+    committed = _git(repo, "show", "HEAD:docs/results/runs/fake/command.txt")
+    assert str(script) in committed
+    # nothing changed since: a second final commit is not made
+    assert not checkpoint_run.commit(repo, journal.parent, "fake")
+    # a failing command's status is passed on (and its journal still committed)
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    assert checkpoint_run.main(["fake2", "--repo", str(repo), "--", *failing]) == 3
+    assert _git(repo, "log", "-1", "--format=%s").strip() == "run fake2: 0 records"
+
+
+def test_agreement_table_from_its_committed_records(tmp_path):
+    """The experiment journaled into a run directory: the regenerated summary equals the one
+    the experiment computed (same groups, means, intervals, counts)."""
+    from experiments import agreement
+
+    journal = tmp_path / "runs" / "agr" / runs.JOURNAL
+    args = ["--n", "3", "--tasks", "sva", "--batch-size", "2", "--device", "cpu",
+            "--methods", "grad_x_input,random", "--out", str(tmp_path / "out")]  # fmt: skip
+    first = agreement.main([*args, "--journal", str(journal), "--resume"])
+    assert not (tmp_path / "out" / "agreement.records.jsonl").exists()
+    result, text = runs.tables(journal.parent)
+    keys = ("task", "mode", "specials", "method", "metric")
+    ours = {tuple(r[k] for k in keys): r for r in result.summary}
+    theirs = {tuple(r[k] for k in keys): r for r in first["summary"]}
+    assert ours.keys() == theirs.keys() and ours
+    for key, row in theirs.items():
+        for field in ("mean", "ci_low", "ci_high", "n"):
+            a, b = ours[key][field], row[field]
+            assert a == b or (math.isnan(a) and math.isnan(b)), (key, field)
+    assert "grad_x_input" in text and "specials" in text
+
+
+def test_checkpoint_run_passes_sigterm_on_and_commits(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    script = tmp_path / "fake.py"
+    script.write_text(textwrap.dedent(FAKE_RUN))
+    journal = repo / "docs/results/runs/long" / runs.JOURNAL
+    cmd = [sys.executable, "-m", "experiments.checkpoint_run", "long", "--every", "600"]
+    cmd += ["--repo", str(repo), "--", sys.executable, str(script), str(journal), "1000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+            journal.exists() and len(read_lines(journal)) > 3
+        ):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    n = len(read_lines(journal)) - 1
+    assert 2 < n < 1000
+    assert _git(repo, "log", "--format=%s").splitlines() == [f"run long: {n} records"]
