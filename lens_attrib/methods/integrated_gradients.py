@@ -505,7 +505,10 @@ def integrated_gradients(
     The target token (default: the prediction on the real input as given) is fixed before
     integrating. Every item runs alone, without padding: its interpolation points are the rows
     of a batch, ``step_batch`` rows per forward (default: as many as fit in a quarter of the
-    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``).
+    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``). Exception: the steps of a
+    generation (``Target(generate=N)`` / ``Target(continuation=...)``) with an integer
+    ``n_steps`` share one path per sequence (:func:`shared_integrated_gradients`; the same
+    numbers as each step alone, which by causality equal IG on the step's prefix).
     """
     if isinstance(n_steps, int):
         quadrature(n_steps, rule)  # bad counts are errors before any forward
