@@ -197,7 +197,24 @@ def test_generate_unchanged_by_continuation_machinery():
         model, PROMPT, Target(continuation=gen.meta["generated_ids"]), method="grad_x_input"
     )
     assert torch.equal(gen.scores, forced.scores)
-    assert "step_scores" not in gen.meta
+    # Target(generate=N) has step scores too: softmax of the logits read directly
+    ids = _prompt_ids(model, PROMPT)
+    generated = list(gen.meta["generated_ids"])
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + generated]))[0]
+    scores = gen.meta["step_scores"]
+    assert set(scores) == set(forced.meta["step_scores"])
+    for s, token in enumerate(generated):
+        z = logits[len(ids) - 1 + s]
+        p = torch.softmax(z, -1)
+        expected = {
+            "probability": p[token],
+            "log_probability": torch.log(p[token]),
+            "entropy": -(p * torch.log(p)).sum(),
+            "logit": z[token],
+        }
+        for key, value in expected.items():
+            _close(scores[key][s], value, f"generate step {s} {key}")
 
 
 @pytest.mark.parametrize(

@@ -224,3 +224,90 @@ def test_batched_vjp_falls_back_one_by_one(monkeypatch):
     got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=3)
     for a, b in zip(got, expected, strict=True):
         _close(a, b, "fallback")
+
+
+IG_META = ("explained_value", "baseline_value", "completeness_gap", "prepended_sink")
+
+
+def _check_ig_meta(forced, row: int, single, what: str) -> None:
+    for key in IG_META:
+        a, b = forced.meta[key][row], single.meta[key][0]
+        if isinstance(a, bool):
+            assert a == b, f"{what}: {key} {a} vs {b}"
+        else:
+            _close(torch.as_tensor(a), torch.as_tensor(b), f"{what} {key}")
+
+
+IG_CASES = [
+    ("gpt2", {}),
+    ("llama", {}),
+    ("llama", {"baseline": "mean", "keep_sink": True}),
+    ("gpt2", {"baseline": "pad", "embeddings": "full", "rule": "trapezoid"}),
+    ("gpt2", {"keep_sink": False}),
+    ("llama", {"start_token": False}),  # ids without a start token: a sink is prepended
+]
+
+
+@pytest.mark.parametrize(("arch", "options"), IG_CASES)
+def test_integrated_gradients_fixed_steps_share_the_path(arch, options):
+    """IG with a fixed ``n_steps``: one path per sequence (per node batch one forward and the
+    step gradients as batched VJPs; ``f(x)``, ``f(b)`` of all steps one forward each); every step
+    equals IG on its prefix alone, meta included."""
+    model = _model(arch)
+    options = dict(options)
+    start = options.pop("start_token", True)
+    prompt = to_batch(model, PROMPT).tokens[0].tolist()
+    if not start:
+        prompt = prompt[1:] if to_batch(model, PROMPT).special[0, 0] else prompt
+    cont = model.tokenizer(CONTINUATION, add_special_tokens=False)["input_ids"]
+    ig = {"method": "integrated_gradients", "n_steps": 3, **options}
+    with _user_hook(model) as sizes:
+        forced = attribute(model, torch.tensor(prompt), Target(continuation=cont), **ig)
+    # step scores; f's target; f(x); f(b); the 3 nodes in one forward
+    assert sizes == [1, 1, 1, 1, 3], sizes
+    assert forced.meta["prepended_sink"] == [not start] * len(cont)
+    for s, token in enumerate(cont):
+        with _user_hook(model):
+            single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **ig)
+        _check_row(forced, s, single, len(prompt) + s, f"{arch} ig step {s}")
+        _check_ig_meta(forced, s, single, f"{arch} ig step {s}")
+    assert not model.hook_dict["blocks.0.hook_mlp_out"].fwd_hooks, "a hook outlived the call"
+
+
+def test_integrated_gradients_shared_per_step_foils_and_prompt_batch():
+    model = _model("llama")
+    ig = {"method": "integrated_gradients", "n_steps": 2}
+    prompts = ["the keys to the", "a dog"]
+    conts = [
+        model.tokenizer(c, add_special_tokens=False)["input_ids"] for c in ["cabinet is", "is"]
+    ]
+    foils = [["dog", "are", "near"], ["the"]]
+    foil_ids = [[model.tokenizer.convert_tokens_to_ids(f) for f in fs] for fs in foils]
+    foil_ids = [fs[: len(c)] for fs, c in zip(foil_ids, conts, strict=True)]
+    assert len(conts[0]) > 1 and len(conts[1]) != len(conts[0])
+    with _user_hook(model) as sizes:
+        batched = attribute(model, prompts, Target(continuation=conts, foil=foil_ids), **ig)
+    assert sizes == [2, 2, 1, 1, 2, 1, 1, 2], sizes
+    row = 0
+    for prompt, cont, fs in zip(prompts, conts, foil_ids, strict=True):
+        ids = to_batch(model, prompt).tokens[0].tolist()
+        c_ids = cont
+        for s, (token, foil) in enumerate(zip(c_ids, fs, strict=True)):
+            with _user_hook(model):
+                single = attribute(
+                    model, torch.tensor(ids + c_ids[:s]), Target(token=token, foil=foil), **ig
+                )
+            assert int(batched.target.foil_ids[row]) == foil
+            n_real = int(batched.mask[row].sum()) - (len(c_ids) - 1 - s)
+            _check_row(batched, row, single, n_real, f"ig foil row {row}")
+            _check_ig_meta(batched, row, single, f"ig foil row {row}")
+            row += 1
+    assert row == batched.scores.shape[0]
+
+
+def test_integrated_gradients_auto_keeps_one_path_per_step():
+    """The adaptive default has per-step nodes: no sharing (one f(x) forward per step)."""
+    model = _model("gpt2")
+    with _user_hook(model) as sizes:
+        attribute(model, PROMPT, Target(continuation="cabinet is"), method="integrated_gradients")
+    assert sizes[:2] == [1, 2], sizes

@@ -68,10 +68,9 @@ def generation_batch(
     row ``s`` the token ``continuation[s]`` at position ``prompt_length − 1 + s``; ``info`` holds
     ``prompt_length``, ``generated_ids``, ``generated_tokens`` and ``steps`` (per prompt lists for
     a batch of prompts), ``step_prompt`` / ``step_index`` (per row: whose step it is),
-    ``sampling`` (sampled generations: seed and options) and, for a continuation,
-    ``step_scores`` (:func:`step_scores`; with a contrast also :func:`add_contrast_info`'s
-    entries); it is also stored in ``steps_batch.extra["generation"]``,
-    from where it reaches ``Attribution.meta``.
+    ``sampling`` (sampled generations: seed and options) and ``step_scores``
+    (:func:`step_scores`; with a contrast also :func:`add_contrast_info`'s entries); it is also
+    stored in ``steps_batch.extra["generation"]``, from where it reaches ``Attribution.meta``.
     """
     forced = target.continuation is not None
     what = "Target(continuation=...)" if forced else "Target(generate=N)"
@@ -267,7 +266,7 @@ def steps_of(
     info["step_index"] = row_step
     if forced:
         info["continuation"] = True
-        info["step_scores"] = step_scores(model, steps_batch, step_target, row_prompt)
+    info["step_scores"] = step_scores(model, steps_batch, step_target, row_prompt)
     return steps_batch, step_target, info
 
 

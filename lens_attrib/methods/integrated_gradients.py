@@ -7,6 +7,13 @@ baselines ``b^k`` (:mod:`.baselines`) and the explained scalar ``f``:
 
 the integral by Gauss–Legendre panels bisected where the local completeness check fails, until
 completeness holds to 1 % (:mod:`.path_quadrature`); every item alone, its points batched.
+
+Generation step batches (:mod:`.generation`: every step of a prompt a row holding the same
+sequence) with a fixed ``n_steps`` share the path across the steps of one sequence
+(:func:`group_path`, :func:`group_path_integral`): per batch of nodes ``α`` one forward of the
+interpolated full sequence and the ``S`` step gradients as batched vector–Jacobian products
+(:func:`lens_attrib.methods.backprop.batched_vjp`); ``f(x)`` and ``f(b)`` of all steps from one
+forward each. The baselines are per position, so by causality step ``s`` equals IG on its prefix.
 """
 
 from __future__ import annotations
@@ -19,14 +26,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor
 
 from lens_attrib.backend import EMBEDDINGS, Arch, backward_bytes_per_row, embedding_hooks
-from lens_attrib.forward import FwdHooks, available_memory, resid_of, run
+from lens_attrib.forward import (
+    FwdHooks,
+    available_memory,
+    resid_of,
+    run,
+    run_shared,
+    step_groups,
+)
 from lens_attrib.inputs import Batch
-from lens_attrib.methods.backprop import grad_x_input_scores
+from lens_attrib.methods.backprop import VJP_TOKENS, batched_vjp, grad_x_input_scores
 from lens_attrib.methods.baselines import (
     SINK_MODES,
     baseline_check,
@@ -176,7 +190,26 @@ def item_path(
     hooks = [(n, _capture_hook(st)) for n, st in zip(names, stores)]
     with torch.no_grad():
         value = _value_at(model, item, one, head, hooks, 1)
-    xs = [st[0] for st in stores]
+    starts, deltas, hooks0 = _path_starts(
+        model, batch, b, item, columns, names, [st[0] for st in stores], baseline, keep_sink
+    )
+    with torch.no_grad():
+        base_value = _value_at(model, item, one, head, hooks0, 1)
+    return ItemPath(item, one, starts, deltas, columns, prepend, value[0], base_value[0])
+
+
+def _path_starts(
+    model: Any,
+    batch: Batch,
+    b: int,
+    item: Batch,
+    columns: Tensor,
+    names: Sequence[str],
+    xs: list[Tensor],
+    baseline: str | Tensor,
+    keep_sink: str | bool,
+) -> tuple[list[Tensor], list[Tensor], FwdHooks]:
+    """``(b^k, x^k − b^k, hooks putting the input at α = 0)`` of item ``b``'s embeddings ``xs``."""
     if isinstance(baseline, Tensor):
         full = baseline.to(xs[0].device, xs[0].dtype)
         full = full.expand(batch.size, batch.length, xs[0].shape[-1])
@@ -185,13 +218,105 @@ def item_path(
     starts = embedding_baselines(model, batch.arch, names, xs, baseline, keep)
     xs = [x.expand_as(s) for x, s in zip(xs, starts)]
     deltas = [x - s for x, s in zip(xs, starts)]
+    zero = torch.zeros(1, dtype=xs[0].dtype, device=xs[0].device)
+    hooks0 = [(n, _interpolation_hook(s, d, zero, [])) for n, s, d in zip(names, starts, deltas)]
+    return starts, deltas, hooks0
+
+
+def _step_values(
+    per_step: Float[Tensor, "steps rows pos d"], steps: ResolvedTarget, head: Any
+) -> Float[Tensor, "steps rows"]:
+    """``f_s`` of every step ``s`` (read at its position of ``per_step[s]``) on every row."""
+    n_steps, rows = int(per_step.shape[0]), int(per_step.shape[1])
+    device = per_step.device
+    s_idx = torch.arange(n_steps, device=device)[:, None]
+    r_idx = torch.arange(rows, device=device)[None, :]
+    at = per_step[s_idx, r_idx, steps.positions.to(device)[:, None]]
+    flat = rearrange(at, "s r d -> (s r) d")
+    target = steps.index(
+        torch.arange(n_steps, device=steps.positions.device).repeat_interleave(rows)
+    )
+    return rearrange(target.select(head(flat)), "(s r) -> s r", s=n_steps)
+
+
+def _group_values(
+    model: Any, path_batch: Batch, steps: ResolvedTarget, head: Any, hooks: FwdHooks
+) -> Float[Tensor, "steps"]:
+    """``f_s`` of every step from **one** forward of the sequence ``path_batch`` under ``hooks``."""
+    with model.hooks(fwd_hooks=list(hooks)):
+        resid = resid_of(model, path_batch)
+    per_step = resid[None].expand(int(steps.positions.shape[0]), -1, -1, -1)
+    return _step_values(per_step, steps, head)[:, 0]
+
+
+def group_path(
+    model: Any,
+    batch: Batch,
+    rows: Tensor,
+    resolved: ResolvedTarget,
+    names: Sequence[str],
+    baseline: str | Tensor,
+    keep_sink: str | bool,
+    head: Any,
+) -> ItemPath:
+    """The path shared by the step rows ``rows`` of one sequence (:func:`item_path` of its first
+    row): ``resolved`` holds every step in the item's coordinates, ``value``/``base_value``
+    ``f_s(x)``/``f_s(b)`` ``[steps]``, each from one forward of the sequence."""
+    b = int(rows[0])
+    prepend = isinstance(baseline, str) and sink_needed(batch, b, keep_sink)
+    item, columns = _item_batch(model, batch, b, prepend)
+    picked = resolved.index(rows.to(resolved.positions.device))
+    shift = [int(batch.mask[b, : int(p)].sum()) + int(prepend) for p in picked.positions.tolist()]
+    steps = ResolvedTarget(
+        torch.tensor(shift, device=picked.positions.device),
+        picked.token_ids,
+        picked.foil_ids,
+        picked.regression,
+    )
+    stores: list[list[Tensor]] = [[] for _ in names]
     with torch.no_grad():
-        zero = torch.zeros(1, dtype=xs[0].dtype, device=xs[0].device)
-        hooks0 = [
-            (n, _interpolation_hook(s, d, zero, [])) for n, s, d in zip(names, starts, deltas)
-        ]
-        base_value = _value_at(model, item, one, head, hooks0, 1)
-    return ItemPath(item, one, starts, deltas, columns, prepend, value[0], base_value[0])
+        hooks = [(n, _capture_hook(st)) for n, st in zip(names, stores)]
+        value = _group_values(model, item, steps, head, hooks)
+        starts, deltas, hooks0 = _path_starts(
+            model, batch, b, item, columns, names, [st[0] for st in stores], baseline, keep_sink
+        )
+        base_value = _group_values(model, item, steps, head, hooks0)
+    return ItemPath(item, steps, starts, deltas, columns, prepend, value, base_value)
+
+
+def group_path_integral(
+    model: Any,
+    path: ItemPath,
+    names: Sequence[str],
+    head: Any,
+    alphas: Sequence[float],
+    weights: Sequence[float],
+    rows: int,
+) -> list[Float[Tensor, "steps pos d"]]:
+    """:func:`path_integral` of every step of a :func:`group_path`: per ``rows`` nodes one
+    forward of the interpolated sequence, then the ``S`` step integrands
+    ``Σ_a w_a ∂f_s/∂e^k(b + α_a (x − b))`` as ``S`` batched vector–Jacobian products from the
+    final residual (cotangent of step ``s``: ``w_a ∂f_s/∂resid``, nonzero at its position)."""
+    dtype, device = path.deltas[0].dtype, path.deltas[0].device
+    n_steps = int(path.resolved.positions.shape[0])
+    total = [d.new_zeros(n_steps, *d.shape[1:]) for d in path.deltas]
+    for start in range(0, len(alphas), rows):
+        a = torch.tensor(alphas[start : start + rows], dtype=dtype, device=device)
+        w = torch.tensor(weights[start : start + rows], dtype=dtype, device=device)
+        stores: list[list[Tensor]] = [[] for _ in names]
+        big = path.batch.select(torch.zeros(int(a.shape[0]), dtype=torch.long))
+        with model.hooks(fwd_hooks=list(_path_hooks(path, names, a, stores))):
+            resid = resid_of(model, big)
+        per_step = resid[None].expand(n_steps, -1, -1, -1)
+        values = _step_values(per_step, path.resolved, head)
+        weighted = (values * w.to(values)).sum()
+        cotangents = torch.autograd.grad(weighted, per_step, retain_graph=True)[0]
+        chunk = max(1, VJP_TOKENS // (int(a.shape[0]) * path.batch.length))
+        grads = batched_vjp(resid, [st[0] for st in stores], cotangents.detach(), chunk)
+        for i, g in enumerate(grads):
+            total[i] += g.sum(1)
+        advance(len(a))
+    return total
 
 
 def _path_hooks(
@@ -380,7 +505,10 @@ def integrated_gradients(
     The target token (default: the prediction on the real input as given) is fixed before
     integrating. Every item runs alone, without padding: its interpolation points are the rows
     of a batch, ``step_batch`` rows per forward (default: as many as fit in a quarter of the
-    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``).
+    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``). Exception: the steps of a
+    generation (``Target(generate=N)`` / ``Target(continuation=...)``) with an integer
+    ``n_steps`` share one path per sequence (:func:`shared_integrated_gradients`; the same
+    numbers as each step alone, which by causality equal IG on the step's prefix).
     """
     if isinstance(n_steps, int):
         quadrature(n_steps, rule)  # bad counts are errors before any forward
@@ -389,10 +517,30 @@ def integrated_gradients(
         default_baseline(arch, embeddings) if baseline is None else baseline
     )
     names = embedding_hooks(arch, embeddings)
+    groups = shared_steps(batch, n_steps, baseline_used)
     with torch.no_grad():
-        real = run(model, batch, target)
+        real = (
+            run(model, batch, target)
+            if groups is None
+            else run_shared(model, batch, target, groups)
+        )
     assert real.value is not None
     resolved, head = real.resolved, target.head_fn(model)
+    if groups is not None:
+        assert isinstance(n_steps, int)
+        return shared_integrated_gradients(
+            model,
+            batch,
+            real,
+            groups,
+            names,
+            head,
+            baseline_used,
+            keep_sink,
+            n_steps,
+            rule,
+            step_batch,
+        )
     paths = [
         item_path(model, batch, b, resolved, names, baseline_used, keep_sink, head)
         for b in range(batch.size)
@@ -449,6 +597,83 @@ def integrated_gradients(
             "prepended_sink": [p.prepended for p in paths],
             "input_value": real.value.detach().cpu(),
             "panels": panels,
+            "step_batch": batches,
+        },
+    )
+
+
+def shared_steps(batch: Batch, n_steps: int | str, baseline: str | Tensor) -> list[Tensor] | None:
+    """The sequences of a generation step batch (:func:`lens_attrib.forward.step_groups`) whose
+    steps can share one path: ``n_steps`` fixed (the adaptive nodes are per step) and the
+    baseline the same for every row of a sequence (a named one, or a tensor equal on those rows);
+    else ``None``."""
+    if not isinstance(n_steps, int):
+        return None
+    groups = step_groups(batch)
+    if groups is None or isinstance(baseline, str):
+        return groups
+    full = baseline.expand(batch.size, batch.length, baseline.shape[-1])
+    for rows in groups:
+        picked = full[rows.to(full.device)]
+        if not bool((picked == picked[:1]).all()):
+            return None
+    return groups
+
+
+def shared_integrated_gradients(
+    model: Any,
+    batch: Batch,
+    real: Any,
+    groups: Sequence[Tensor],
+    names: Sequence[str],
+    head: Any,
+    baseline: str | Tensor,
+    keep_sink: str | bool,
+    n_steps: int,
+    rule: str,
+    step_batch: int | None,
+) -> MethodOutput:
+    """:func:`integrated_gradients` with ``n_steps`` nodes for a generation step batch, every
+    sequence's steps on one path (:func:`group_path`, :func:`group_path_integral`); same
+    scores and meta as explaining each step row alone."""
+    dtype, device = real.value.dtype, batch.tokens.device
+    scores = torch.zeros(batch.size, batch.length, dtype=dtype, device=device)
+    gaps = torch.zeros(batch.size, dtype=dtype)
+    value = torch.zeros(batch.size, dtype=dtype)
+    base_value = torch.zeros(batch.size, dtype=dtype)
+    prepended, batches = [False] * batch.size, [0] * batch.size
+    alphas, weights = quadrature(n_steps, rule)
+    bar = progress_bar(desc="integrated_gradients", total=len(groups) * n_steps, unit="point")
+    for g, rows in enumerate(groups):
+        bar.set_postfix_str(f"sequence {g + 1}/{len(groups)}", refresh=False)
+        path = group_path(model, batch, rows, real.resolved, names, baseline, keep_sink, head)
+        per_forward = rows_per_forward(batch.arch, path.batch.length, n_steps, step_batch, device)
+        total = group_path_integral(model, path, names, head, alphas, weights, per_forward)
+        step_scores = grad_x_input_scores(path.deltas, total)
+        idx = rows.cpu()
+        value[idx] = path.value.detach().cpu().to(dtype)
+        base_value[idx] = path.base_value.detach().cpu().to(dtype)
+        gaps[idx] = (path.value - path.base_value - step_scores.sum(-1)).detach().cpu().to(dtype)
+        cols = path.columns.to(device)
+        scores[rows.to(device)[:, None], cols[None]] = step_scores[:, int(path.prepended) :].to(
+            scores
+        )
+        for r in idx.tolist():
+            prepended[r], batches[r] = path.prepended, per_forward
+    bar.close()
+    return MethodOutput(
+        scores,
+        real.resolved,
+        options={"baseline": baseline if isinstance(baseline, str) else "tensor"},
+        meta={
+            "explained_value": value,
+            "baseline_value": base_value,
+            "relevance_sum": (value - base_value - gaps),
+            "completeness_gap": gaps,
+            "n_steps": [n_steps] * batch.size,
+            "prepended_sink": prepended,
+            "input_value": real.value.detach().cpu(),
+            "panels": [1] * batch.size,
             "step_batch": batches,
         },
     )
