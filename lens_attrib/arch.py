@@ -110,3 +110,36 @@ CLASS_HEAD = "lens_attrib_class_head"
 def attached_head(model: Any) -> Head | None:
     """The model's own classification/regression head, if it was loaded with one."""
     return cast("Head | None", getattr(model, CLASS_HEAD, None))
+
+
+def arch_from_config(model: Any, *, encoder: bool, backend: str) -> Arch:
+    """The facts every backend reads the same way from a TransformerLens-style ``model.cfg``
+    (3.9's ``HookedTransformerConfig`` and 4's bridge config share these names); ``encoder`` and
+    ``backend`` are what the backend itself knows."""
+    cfg = model.cfg
+    try:
+        dtype = next(model.parameters()).dtype
+    except StopIteration:  # pragma: no cover - a model always has parameters
+        dtype = torch.float32
+    return Arch(
+        encoder=encoder,
+        lm_head=has_lm_head(model),
+        n_layers=int(cfg.n_layers),
+        n_heads=int(cfg.n_heads),
+        n_kv_heads=int(cfg.n_key_value_heads or cfg.n_heads),
+        d_model=int(cfg.d_model),
+        d_head=int(cfg.d_head),
+        normalization=cfg.normalization_type,
+        positional=str(cfg.positional_embedding_type),
+        parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
+        gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+        dtype=dtype,
+        n_ctx=int(cfg.n_ctx),
+        d_mlp=int(cfg.d_mlp or 0),
+        class_head=attached_head(model) is not None,
+        moe=bool(getattr(cfg, "num_experts", None)),
+        logit_soft_cap=soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
+        attn_soft_cap=soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
+        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
+        backend=backend,
+    )

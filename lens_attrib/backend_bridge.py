@@ -59,7 +59,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import Arch, Head, attached_head, has_lm_head, soft_cap
+from lens_attrib.arch import Arch, Head, arch_from_config, soft_cap
 from lens_attrib.errors import ModelError, TargetError
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -88,28 +88,7 @@ def arch_of(model: Any) -> Arch:
             "expert modules). Load this model under TransformerLens 3.9 with "
             "load_model(folder, backend='hooked')."
         )
-    dtype = next(model.parameters()).dtype
-    return Arch(
-        encoder=False,
-        lm_head=has_lm_head(model),
-        n_layers=int(cfg.n_layers),
-        n_heads=int(cfg.n_heads),
-        n_kv_heads=int(cfg.n_key_value_heads or cfg.n_heads),
-        d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
-        normalization=cfg.normalization_type,
-        positional=str(cfg.positional_embedding_type),
-        parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
-        gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
-        dtype=dtype,
-        n_ctx=int(cfg.n_ctx),
-        d_mlp=int(cfg.d_mlp or 0),
-        class_head=attached_head(model) is not None,
-        logit_soft_cap=soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
-        attn_soft_cap=soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
-        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
-        backend="bridge",
-    )
+    return arch_from_config(model, encoder=False, backend="bridge")
 
 
 def layer_norm_activation(model: Any) -> bool:

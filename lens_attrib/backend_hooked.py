@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import Arch, Head, attached_head, has_lm_head, soft_cap
+from lens_attrib.arch import Arch, Head, arch_from_config, soft_cap
 from lens_attrib.errors import ModelError, TargetError
 
 
@@ -31,32 +31,7 @@ def is_encoder(model: Any) -> bool:
 
 def arch_of(model: Any) -> Arch:
     """Read the architecture facts of a TransformerLens model."""
-    cfg = model.cfg
-    try:
-        dtype = next(model.parameters()).dtype
-    except StopIteration:  # pragma: no cover - a model always has parameters
-        dtype = torch.float32
-    return Arch(
-        encoder=is_encoder(model),
-        lm_head=has_lm_head(model),
-        n_layers=int(cfg.n_layers),
-        n_heads=int(cfg.n_heads),
-        n_kv_heads=int(cfg.n_key_value_heads or cfg.n_heads),
-        d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
-        normalization=cfg.normalization_type,
-        positional=str(cfg.positional_embedding_type),
-        parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
-        gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
-        dtype=dtype,
-        n_ctx=int(cfg.n_ctx),
-        d_mlp=int(cfg.d_mlp or 0),
-        class_head=attached_head(model) is not None,
-        moe=bool(getattr(cfg, "num_experts", None)),
-        logit_soft_cap=soft_cap(getattr(cfg, "output_logits_soft_cap", None)),
-        attn_soft_cap=soft_cap(getattr(cfg, "attn_scores_soft_cap", None)),
-        post_norms=bool(getattr(cfg, "use_normalization_before_and_after", False)),
-    )
+    return arch_from_config(model, encoder=is_encoder(model), backend="hooked")
 
 
 # --------------------------------------------------------------------------- raw forwards
