@@ -17,6 +17,7 @@ LogAt/NormXLogit read one forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,15 @@ def greedy_generate(model: Any, tokens: Int[Tensor, "pos"], steps: int) -> list[
     ``torch.inference_mode``: no hook added here outlives the call and no graph is built.
     Stops after the tokenizer's end-of-sequence token.
     """
+    return decode(model, tokens, steps, lambda logits: int(logits.argmax(-1)))
+
+
+def decode(
+    model: Any, tokens: Int[Tensor, "pos"], steps: int, pick: Callable[[Tensor], int]
+) -> list[int]:
+    """The decoding loop of :func:`greedy_generate` and :func:`sample_generate`: ``pick`` turns
+    the logits at the last position into the next token; stops after ``steps`` tokens or the
+    tokenizer's end-of-sequence token."""
     eos = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
     n_ctx = int(model.cfg.n_ctx)
     generated: list[int] = []
@@ -48,8 +58,7 @@ def greedy_generate(model: Any, tokens: Int[Tensor, "pos"], steps: int) -> list[
                     f"Generating {steps} tokens after a prompt of {tokens.numel()} tokens exceeds "
                     f"the model's context n_ctx={n_ctx}: ask for fewer steps."
                 )
-            logits = model(seq)[0, -1]
-            nxt = int(logits.argmax(-1))
+            nxt = pick(model(seq)[0, -1])
             generated.append(nxt)
             seq = torch.cat([seq, seq.new_tensor([[nxt]])], dim=1)
             if eos is not None and nxt == int(eos):
@@ -372,26 +381,15 @@ def sample_generate(
     One full forward per step, inside ``model_guard`` and ``torch.inference_mode`` (as
     :func:`greedy_generate`); stops after the tokenizer's end-of-sequence token.
     """
-    eos = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
-    n_ctx = int(model.cfg.n_ctx)
     generator = torch.Generator().manual_seed(int(seed))
-    generated: list[int] = []
-    seq = tokens.reshape(1, -1)
-    with model_guard(model), torch.inference_mode():
-        for _ in range(steps):
-            if seq.shape[1] >= n_ctx:
-                raise InputError(
-                    f"Generating {steps} tokens after a prompt of {tokens.numel()} tokens exceeds "
-                    f"the model's context n_ctx={n_ctx}: ask for fewer steps."
-                )
-            logits = model(seq)[0, -1]
-            p = next_token_distribution(logits, temperature, top_k, top_p)
-            nxt = draw_token(p, generator)
-            generated.append(nxt)
-            seq = torch.cat([seq, seq.new_tensor([[nxt]])], dim=1)
-            if eos is not None and nxt == int(eos):
-                break
-    return generated
+    return decode(
+        model,
+        tokens,
+        steps,
+        lambda logits: draw_token(
+            next_token_distribution(logits, temperature, top_k, top_p), generator
+        ),
+    )
 
 
 def generate_continuations(
@@ -583,6 +581,7 @@ __all__ = [
     "continuation_ids",
     "contrast_foils",
     "contrast_step_scores",
+    "decode",
     "draw_token",
     "generate_continuations",
     "generation_batch",
