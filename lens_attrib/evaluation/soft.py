@@ -69,10 +69,14 @@ from torch import Tensor
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import arch_of, token_embedding_hook
 from lens_attrib.evaluation.faithfulness import special_ids_of
+from lens_attrib.evaluation.shared_forwards import (
+    SharedForwards,
+    forward_by_length,
+    index_of_rows,
+)
 from lens_attrib.evaluation.validate import check_attribution, check_count, check_fractions
-from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.masking import embedding_mask_hook
-from lens_attrib.hooks.routing import fixed_routing_hooks, pattern_cache_hooks
+from lens_attrib.hooks.routing import fixed_routing_hooks
 from lens_attrib.target import Head
 
 DEFAULT_PIS = tuple(round(0.05 * k, 2) for k in range(1, 20))
@@ -216,6 +220,45 @@ def soft_metrics(
     head: Head | None = None,
 ) -> SoftResult:
     """Soft-NC/NS and π-Soft-NC/NS of every item of ``attribution`` (see the module doc)."""
+    return soft_metrics_shared(
+        model,
+        attribution,
+        pis=pis,
+        n_draws=n_draws,
+        raw=raw,
+        pi_variants=pi_variants,
+        per_element=per_element,
+        distance=distance,
+        routing=routing,
+        seed=seed,
+        max_batch=max_batch,
+        keep_special=keep_special,
+        special_ids=special_ids,
+        head=head,
+    )
+
+
+def soft_metrics_shared(
+    model: Any,
+    attribution: Attribution,
+    *,
+    pis: Sequence[float] = DEFAULT_PIS,
+    n_draws: int = 15,
+    raw: bool = True,
+    pi_variants: bool = True,
+    per_element: bool = False,
+    distance: str = "hellinger",
+    routing: str = "dynamic",
+    seed: int = 0,
+    max_batch: int = 64,
+    keep_special: bool = True,
+    special_ids: Sequence[int] | None = None,
+    head: Head | None = None,
+    shared: SharedForwards | None = None,
+) -> SoftResult:
+    """:func:`soft_metrics` reading the clean forward (and, for fixed routing, its attention
+    patterns) from ``shared`` when it holds this call's forwards
+    (:class:`~lens_attrib.evaluation.shared_forwards.SharedForwards`)."""
     if distance not in ("hellinger", "reagent"):
         raise ValueError(f"distance must be 'hellinger' or 'reagent', got {distance!r}")
     if routing not in ("dynamic", "fixed"):
@@ -267,67 +310,8 @@ def soft_metrics(
             RuntimeWarning,
             stacklevel=2,
         )
-    n_rows = int(plans[0].retention.shape[0]) if plans else 0
-    rows_item = torch.arange(len(plans)).repeat_interleave(n_rows)
-    tokens = attribution.token_ids[rows_item]
-    mask = attribution.mask[rows_item]
-    types = None if attribution.token_types is None else attribution.token_types[rows_item]
-    positions = attribution.target.positions[rows_item]
-    d_model = int(model.cfg.d_model)
-    first_real = [int(torch.nonzero(attribution.mask[b]).min()) for b in range(len(plans))]
-    hook_name = token_embedding_hook(arch_of(model))
-
-    patterns = None
-    if routing == "fixed":
-        store: dict[str, list[Tensor]] = {}
-        saving = pattern_cache_hooks(store)(int(model.cfg.n_layers))
-        head_outputs(
-            model,
-            attribution.token_ids,
-            attribution.mask,
-            attribution.target.positions,
-            head=head,
-            hooks=lambda rows: saving,
-            max_batch=max_batch,
-            token_types=attribution.token_types,
-        )
-        patterns = {name: torch.cat(chunks) for name, chunks in store.items()}
-
-    def keep_for(rows: slice) -> Tensor:
-        shape = (rows.stop - rows.start, tokens.shape[1]) + ((d_model,) if per_element else ())
-        keep = torch.ones(shape, dtype=torch.float64)
-        for j, r in enumerate(range(rows.start, rows.stop)):
-            b, k = divmod(r, n_rows)
-            plan = plans[b]
-            q = plan.retention[k]
-            n = q.shape[0]
-            if bool(((q > 0) & (q < 1)).any()):
-                u = _row_uniforms(plan.seed, k, (n, d_model) if per_element else (n,))
-                m = (u < (q[:, None] if per_element else q)).to(torch.float64)
-            else:
-                m = (
-                    (q[:, None] if per_element else q)
-                    .expand((n, d_model) if per_element else (n,))
-                    .clone()
-                )
-            keep[j, first_real[b] : first_real[b] + n] = m
-        return keep
-
-    def hooks(rows: slice) -> list[Any]:
-        hs: list[Any] = [embedding_mask_hook(keep_for(rows), name=hook_name)]
-        if patterns is not None:
-            hs += fixed_routing_hooks(patterns, rows_item[rows])
-        return hs
-
-    def reduce(out: Tensor, rows: slice) -> Tensor:
-        return torch.softmax(out.to(torch.float64), -1).cpu()
-
-    # distributions per chunk are reduced to distances against each row's clean p; the clean and
-    # baseline rows come first in every item's block, so distances are computed after the fact
-    # from a per-item stream to keep memory at one item's rows.
-    dists = _distances_by_item(
-        model, tokens, mask, positions, hooks, reduce, n_rows, max_batch, head, distance, types
-    )
+    shared = _shared_for(model, attribution, head, max_batch, routing, shared)
+    dists = _distances(model, shared, plans, routing, per_element, distance, max_batch, head)
     return _assemble(
         plans,
         dists,
@@ -347,56 +331,128 @@ def soft_metrics(
     )
 
 
-def _distances_by_item(
+def _shared_for(
     model: Any,
-    tokens: Tensor,
-    mask: Tensor,
-    positions: Tensor,
-    hooks: Any,
-    reduce: Any,
-    n_rows: int,
+    attribution: Attribution,
+    head: Head | None,
+    max_batch: int,
+    routing: str,
+    shared: SharedForwards | None,
+) -> SharedForwards:
+    """``shared`` when it holds the forwards of this call, else new ones."""
+    if shared is not None and shared.serves(model, attribution, head):
+        return shared
+    return SharedForwards(model, attribution, head, max_batch, patterns=routing == "fixed")
+
+
+def _row_masks(plan: _ItemPlan, d_model: int, per_element: bool) -> tuple[list[bytes], Any]:
+    """Each row's dedup key and a function giving the keep masks of some of its rows.
+
+    Per token, the keep mask of every row is drawn (``[rows, n]``, cheap) and is its own key,
+    so rows that happen to draw the same tokens (short items; tokens of keep probability 0 or
+    1 always drop or stay) share one forward. Per element, a row whose retention is all 0/1 is
+    keyed by that retention, every random row by its own index (elementwise draws of ``n·d``
+    uniforms practically never coincide), and masks are drawn only for the forwarded rows."""
+    n = int(plan.retention.shape[1])
+
+    def draw(k: int) -> Tensor:
+        q = plan.retention[k]
+        if bool(((q > 0) & (q < 1)).any()):
+            u = _row_uniforms(plan.seed, k, (n, d_model) if per_element else (n,))
+            return (u < (q[:, None] if per_element else q)).to(torch.float64)
+        return (q[:, None] if per_element else q).expand((n, d_model) if per_element else (n,))
+
+    if not per_element:
+        masks = [draw(k) for k in range(plan.retention.shape[0])]
+        keys = [m.to(torch.bool).numpy().tobytes() for m in masks]
+        return keys, lambda rows: torch.stack([masks[k] for k in rows])
+    keys = []
+    for k in range(plan.retention.shape[0]):
+        q = plan.retention[k]
+        random_row = bool(((q > 0) & (q < 1)).any())
+        keys.append(b"r%d" % k if random_row else b"d" + q.to(torch.bool).numpy().tobytes())
+    return keys, lambda rows: torch.stack([draw(k) for k in rows])
+
+
+def _distances(
+    model: Any,
+    shared: SharedForwards,
+    plans: list[_ItemPlan],
+    routing: str,
+    per_element: bool,
+    distance: str,
     max_batch: int,
     head: Head | None,
-    distance: str,
-    token_types: Tensor | None = None,
 ) -> Tensor:
-    """``[items, rows, 3]``: (Hellinger, ReAGent comprehensiveness distance, KL) to clean p
-    (``token_types``: the rows' segment ids, kept under every perturbation)."""
-    clean: dict[int, Tensor] = {}
+    """``[items, rows, 3]``: (Hellinger, ReAGent comprehensiveness distance, KL) of every row's
+    output distribution to the item's clean one. Each distinct keep mask of an item is
+    forwarded once, at the item's own length (items of one length share batches); a mask that
+    keeps everything is the clean forward (under fixed routing too: replaying the clean
+    pattern on the clean input computes the clean forward), which is not run again."""
+    d_model = int(model.cfg.d_model)
+    clean = torch.softmax(shared.clean_outputs(), -1)  # [items, n_out]
+    patterns = shared.clean_patterns() if routing == "fixed" else None
+    hook_name = token_embedding_hook(arch_of(model))
+    rows: list[tuple[list[int], int, list[int] | None]] = []
+    row_item: list[int] = []
+    row_k: list[int] = []
+    mask_of: list[Any] = []
+    index: list[Tensor] = []
+    firsts_of: list[list[int]] = []
+    for b, plan in enumerate(plans):
+        keys, masks = _row_masks(plan, d_model, per_element)
+        mask_of.append(masks)
+        firsts, where = index_of_rows(keys)
+        index.append(where)
+        firsts_of.append(firsts)
+        item = shared.items[b]
+        everything = plan.retention.new_ones(plan.retention.shape[1])
+        for k in firsts:
+            if bool((plan.retention[k] == everything).all()):
+                continue  # the clean forward, already made
+            if not per_element and bool(masks([k]).all()):
+                continue
+            rows.append((item.ids, item.target, item.types))
+            row_item.append(b)
+            row_k.append(k)
 
-    def to_dist(out: Tensor, rows: slice) -> Tensor:
-        probs = reduce(out, rows)
-        items, ks = [], []
-        for r in range(rows.start, rows.stop):
-            b, k = divmod(r, n_rows)
-            items.append(b)
-            ks.append(k)
-        for j, (b, k) in enumerate(zip(items, ks)):
-            if k == 0:
-                clean[b] = probs[j]
-        ref = torch.stack([clean[b] for b in items])
-        res = torch.zeros(probs.shape[0], 3, dtype=torch.float64)
-        res[:, 0] = hellinger(ref, probs)
-        res[:, 1] = reagent_comprehensiveness_distance(ref, probs)
-        if distance == "reagent":
-            res[:, 2] = kl(ref, probs)
-        for b in set(items):  # free clean rows of finished items
-            if b != items[-1]:
-                clean.pop(b, None)
-        return res
+    def hooks(members: Sequence[int], chunk: slice) -> list[Any]:
+        keep = torch.cat([mask_of[row_item[r]]([row_k[r]]) for r in members])
+        hs: list[Any] = [embedding_mask_hook(keep, name=hook_name)]
+        if patterns is not None:
+            group = sorted({row_item[r] for r in members})
+            local = torch.tensor([group.index(row_item[r]) for r in members], dtype=torch.long)
+            stacked = {
+                name: torch.stack([patterns[b][name] for b in group]) for name in patterns[0]
+            }
+            hs += fixed_routing_hooks(stacked, local)
+        return hs
 
-    out = head_outputs(
-        model,
-        tokens,
-        mask,
-        positions,
-        head=head,
-        reduce=to_dist,
-        hooks=hooks,
-        max_batch=max_batch,
-        token_types=token_types,
+    def reduce(out: Tensor, members: Sequence[int]) -> Tensor:
+        probs = torch.softmax(out.to(torch.float64), -1).cpu()
+        ref = clean[[row_item[r] for r in members]]
+        return _three_distances(ref, probs, distance)
+
+    outs = forward_by_length(
+        model, rows, head=head, max_batch=max_batch, hooks=hooks, reduce=reduce
     )
-    return out.reshape(-1, n_rows, 3)
+    found = {(b, k): d for b, k, d in zip(row_item, row_k, outs)}
+    result = []
+    for b in range(len(plans)):
+        clean_d = _three_distances(clean[b : b + 1], clean[b : b + 1], distance)[0]
+        per_unique = [found.get((b, k), clean_d) for k in firsts_of[b]]
+        result.append(torch.stack([per_unique[int(w)] for w in index[b].tolist()]))
+    return torch.stack(result) if result else torch.zeros(0, 0, 3, dtype=torch.float64)
+
+
+def _three_distances(ref: Tensor, probs: Tensor, distance: str) -> Tensor:
+    """``[rows, 3]``: Hellinger, ReAGent comprehensiveness distance, KL (``"reagent"`` only)."""
+    res = torch.zeros(probs.shape[0], 3, dtype=torch.float64)
+    res[:, 0] = hellinger(ref, probs)
+    res[:, 1] = reagent_comprehensiveness_distance(ref, probs)
+    if distance == "reagent":
+        res[:, 2] = kl(ref, probs)
+    return res
 
 
 def _assemble(

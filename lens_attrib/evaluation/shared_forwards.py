@@ -1,0 +1,242 @@
+"""The forwards of one evaluation call, each made once and at its item's own length.
+
+A perturbation metric needs the model's output on the clean input of every item and on many
+perturbed copies of it. :class:`SharedForwards` makes these forwards for one Attribution:
+
+- **own length.** Every forward runs an item's real tokens only, no padding: rows are grouped
+  by their length and each group runs in chunks of ``max_batch`` rows
+  (:func:`forward_by_length`), so no row pays for a longer neighbour. Unpadded and padded
+  forwards compute the same numbers up to floating-point summation order (the backend's padding
+  hides padding keys and, for left-padded decoders, shifts rotary positions back).
+- **the clean forward once.** :meth:`SharedForwards.clean_outputs` runs every item's clean
+  input once (with every layer's attention pattern when ``patterns=True``: fixed routing
+  replays them) and every metric family of a :func:`~lens_attrib.evaluation.metrics.score`
+  call reads it — AOPC and insertion/deletion references, the Soft reference distribution,
+  their clean rows.
+- **identical hard perturbations once.** :meth:`SharedForwards.hard_values` keeps, per distinct
+  ``(item, token ids, target index, segment ids)``, the values the hard metrics read, so AOPC
+  fractions that delete the same tokens on a short item, the deletion curve's steps equal to
+  AOPC's, and the empty deletion / full insertion (the clean input) are forwarded once per call.
+
+What a hard row keeps (``[4]`` float64): for a classification head ``p(y_target)``,
+``p(y_pred)`` (the explained token and the clean prediction), ``argmax p``, ``max p`` with
+``p = softmax(head output)`` in float64; for a regression head its output, its output, 0, its
+output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lens_attrib.attribution import Attribution
+from lens_attrib.forward import head_outputs
+from lens_attrib.hooks.routing import pattern_cache_hooks
+from lens_attrib.target import Head
+
+HardKey = tuple[int, tuple[int, ...], int, tuple[int, ...] | None]
+GroupHooks = Callable[[Sequence[int], slice], list[Any]]
+GroupReduce = Callable[[Tensor, Sequence[int]], Tensor]
+
+
+@dataclass(frozen=True)
+class OwnItem:
+    """An item in unpadded coordinates: its real token ids, target index and segment ids."""
+
+    ids: list[int]
+    target: int
+    types: list[int] | None
+
+
+def own_items(attribution: Attribution) -> list[OwnItem]:
+    """Every item of ``attribution`` without its padding."""
+    out = []
+    for b in range(len(attribution)):
+        real = attribution.mask[b].cpu()
+        first = int(torch.nonzero(real).min())
+        ids = attribution.token_ids[b].cpu()[real].tolist()
+        types = None
+        if attribution.token_types is not None:
+            types = attribution.token_types[b].cpu()[real].tolist()
+        out.append(OwnItem(ids, int(attribution.target.positions[b]) - first, types))
+    return out
+
+
+def forward_by_length(
+    model: Any,
+    rows: Sequence[tuple[list[int], int, list[int] | None]],
+    *,
+    head: Head | None,
+    max_batch: int,
+    hooks: GroupHooks | None = None,
+    reduce: GroupReduce | None = None,
+) -> list[Tensor]:
+    """Head outputs (or ``reduce(out, row_indices)``) of ``rows`` = ``(ids, target, types)``,
+    grouped by length and run unpadded in chunks of ``max_batch``; one tensor per row, in
+    ``rows`` order. ``hooks(row_indices, chunk)``: the forward hooks of a chunk of a group (its
+    rows' indices into ``rows`` and the chunk's slice of the group)."""
+    groups: dict[int, list[int]] = {}
+    for r, (ids, _, _) in enumerate(rows):
+        groups.setdefault(len(ids), []).append(r)
+    out: list[Tensor | None] = [None] * len(rows)
+    for _, members in sorted(groups.items()):
+        tokens = torch.tensor([rows[r][0] for r in members], dtype=torch.long)
+        positions = torch.tensor([rows[r][1] for r in members], dtype=torch.long)
+        types = None
+        if any(rows[r][2] is not None for r in members):
+            types = torch.tensor(
+                [rows[r][2] or [0] * len(rows[r][0]) for r in members], dtype=torch.long
+            )
+        res = head_outputs(
+            model,
+            tokens,
+            torch.ones_like(tokens, dtype=torch.bool),
+            positions,
+            head=head,
+            hooks=_chunk_hooks(hooks, members),
+            reduce=_chunk_reduce(reduce, members),
+            max_batch=max_batch,
+            token_types=types,
+        )
+        for j, r in enumerate(members):
+            out[r] = res[j]
+    return [o for o in out if o is not None]
+
+
+def _chunk_hooks(hooks: GroupHooks | None, members: list[int]) -> Any:
+    if hooks is None:
+        return None
+    return lambda sl: hooks(members[sl], sl)
+
+
+def _chunk_reduce(reduce: GroupReduce | None, members: list[int]) -> Any:
+    if reduce is None:
+        return None
+    return lambda out, sl: reduce(out, members[sl])
+
+
+@dataclass
+class SharedForwards:
+    """The clean and hard-perturbed forwards of one Attribution (module doc). ``head``: the
+    head every metric reads (the attribution's own); ``patterns``: keep every layer's clean
+    attention pattern (fixed routing)."""
+
+    model: Any
+    attribution: Attribution
+    head: Head | None
+    max_batch: int
+    patterns: bool = False
+    items: list[OwnItem] = field(init=False)
+    _clean: Tensor | None = field(default=None, init=False)
+    _patterns: list[dict[str, Tensor]] | None = field(default=None, init=False)
+    _hard: dict[HardKey, Tensor] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.items = own_items(self.attribution)
+
+    def serves(self, model: Any, attribution: Attribution, head: Head | None) -> bool:
+        """Whether these forwards are those of ``(model, attribution, head)``."""
+        return self.model is model and self.attribution is attribution and self.head is head
+
+    # ------------------------------------------------------------------------- clean
+    def clean_outputs(self) -> Float[Tensor, "batch n_out"]:
+        """Every item's clean head output (float64), one unpadded forward per item."""
+        if self._clean is None:
+            self._run_clean()
+        assert self._clean is not None
+        return self._clean
+
+    def clean_patterns(self) -> list[dict[str, Float[Tensor, "head q k"]]]:
+        """Every item's clean attention pattern per layer (computed with the clean outputs)."""
+        if self._patterns is None:
+            self.patterns = True
+            self._run_clean()
+        assert self._patterns is not None
+        return self._patterns
+
+    def _run_clean(self) -> None:
+        rows = [(it.ids, it.target, it.types) for it in self.items]
+        store: dict[str, list[Tensor]] = {}
+        saving = pattern_cache_hooks(store)(int(self.model.cfg.n_layers)) if self.patterns else []
+        order: list[int] = []
+
+        def hooks(members: Sequence[int], sl: slice) -> list[Any]:
+            order.extend(members)
+            return list(saving)
+
+        outs = forward_by_length(
+            self.model, rows, head=self.head, max_batch=self.max_batch, hooks=hooks
+        )
+        self._clean = torch.stack([o.to(torch.float64) for o in outs]).cpu()
+        if self.patterns:
+            per_item: list[dict[str, Tensor]] = [{} for _ in self.items]
+            for name, chunks in store.items():
+                for r, pattern in zip(order, (p for chunk in chunks for p in chunk)):
+                    per_item[r][name] = pattern
+            self._patterns = per_item
+        for b, it in enumerate(self.items):
+            self._hard.setdefault(self._key(b, it.ids, it.target, it.types), self._summary(b))
+
+    # ------------------------------------------------------------------------- hard rows
+    def _key(self, b: int, ids: Sequence[int], target: int, types: Sequence[int] | None) -> HardKey:
+        return (b, tuple(ids), int(target), None if types is None else tuple(types))
+
+    def _summaries(self, out: Tensor, items: Sequence[int]) -> Tensor:
+        """``[rows, 4]`` of head outputs ``out`` of rows of ``items`` (module doc)."""
+        out = out.to(torch.float64)
+        if self.attribution.target.regression:
+            v = out[:, 0]
+            return torch.stack([v, v, torch.zeros_like(v), v], -1).cpu()
+        probs = torch.softmax(out, -1)
+        idx = torch.arange(probs.shape[0], device=probs.device)
+        target = self.attribution.target.token_ids.cpu().long()[list(items)].to(probs.device)
+        pred = self.clean_outputs().argmax(-1)[list(items)].to(probs.device)
+        top = probs.max(-1)
+        cols = [probs[idx, target], probs[idx, pred], top.indices.to(torch.float64), top.values]
+        return torch.stack(cols, -1).cpu()
+
+    def _summary(self, b: int) -> Tensor:
+        return self._summaries(self.clean_outputs()[b : b + 1], [b])[0]
+
+    def hard_values(
+        self, rows: Sequence[tuple[int, list[int], int, list[int] | None]]
+    ) -> Float[Tensor, "rows 4"]:
+        """The summaries of ``rows = (item, ids, target index, segment ids)``; each distinct
+        row not seen before in this call is forwarded once (grouped by length)."""
+        self.clean_outputs()
+        keys = [self._key(*row) for row in rows]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._hard))
+        if missing:
+            items = [k[0] for k in missing]
+            todo = [(list(k[1]), k[2], None if k[3] is None else list(k[3])) for k in missing]
+            outs = forward_by_length(
+                self.model,
+                todo,
+                head=self.head,
+                max_batch=self.max_batch,
+                reduce=lambda out, members: self._summaries(out, [items[m] for m in members]),
+            )
+            for k, v in zip(missing, outs):
+                self._hard[k] = v
+        return torch.stack([self._hard[k] for k in keys])
+
+
+def index_of_rows(keys: Sequence[bytes]) -> tuple[list[int], Int[Tensor, "rows"]]:
+    """``(first row of each distinct key, index of each row's key among them)``."""
+    first: dict[bytes, int] = {}
+    firsts: list[int] = []
+    where: list[int] = []
+    for r, k in enumerate(keys):
+        if k not in first:
+            first[k] = len(firsts)
+            firsts.append(r)
+        where.append(first[k])
+    return firsts, torch.tensor(where, dtype=torch.long)
+
+
+__all__ = ["OwnItem", "SharedForwards", "forward_by_length", "index_of_rows", "own_items"]
