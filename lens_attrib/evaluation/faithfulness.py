@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,9 +50,9 @@ from torch import Tensor
 
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import Head, arch_of
+from lens_attrib.evaluation.shared_forwards import SharedForwards
 from lens_attrib.evaluation.validate import check_attribution, check_count, check_fractions
-from lens_attrib.forward import head_outputs
-from lens_attrib.inputs import pad_id_of, start_token_of
+from lens_attrib.inputs import start_token_of
 
 DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -159,58 +159,42 @@ class _Plan:
 
 
 def _run_plan(
-    model: Any, plan: _Plan, head: Head | None, max_batch: int, regression: bool, labels: Tensor
+    shared: SharedForwards, plan: _Plan, items: list[int], regression: bool, use_pred: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(value of the row's label, argmax, max value) for every sequence; ``labels`` per row."""
-    encoder = arch_of(model).encoder
-    pad = pad_id_of(getattr(model, "tokenizer", None))
-    tokens, mask = pad_sequences(plan.seqs, pad, "right" if encoder else "left")
-    offsets = (mask.shape[1] - mask.sum(-1)) if not encoder else torch.zeros(len(plan.seqs))
-    positions = torch.tensor(plan.targets, dtype=torch.long) + offsets.long()
-
-    def reduce(out: Tensor, rows: slice) -> Tensor:
-        out = out.to(torch.float64)
-        if regression:
-            return torch.stack([out[:, 0], torch.zeros_like(out[:, 0]), out[:, 0]], -1)
-        probs = torch.softmax(out, -1)
-        lab = labels[rows].to(probs.device)
-        value = probs[torch.arange(probs.shape[0], device=probs.device), lab]
-        top = probs.max(-1)
-        return torch.stack([value, top.indices.to(torch.float64), top.values], -1)
-
-    res = head_outputs(
-        model,
-        tokens,
-        mask,
-        positions,
-        head=head,
-        reduce=reduce,
-        max_batch=max_batch,
-        token_types=plan.token_types("right" if encoder else "left"),
-    ).cpu()
-    return res[:, 0], res[:, 1].long(), res[:, 2]
+    """(value of the row's label, argmax, max value) for every sequence of item ``items[r]``:
+    the label is the clean prediction (``use_pred``) or the explained token; each distinct row
+    is forwarded once, at its own length (:meth:`SharedForwards.hard_values`)."""
+    rows = list(zip(items, plan.seqs, plan.targets, plan.types))
+    res = shared.hard_values(rows)
+    value = res[:, 1] if use_pred and not regression else res[:, 0]
+    return value, res[:, 2].long(), res[:, 3]
 
 
 def _references(
-    model: Any,
-    views: list[ItemView],
-    head: Head | None,
-    max_batch: int,
-    regression: bool,
-    attribution: Attribution,
-    label: str,
+    shared: SharedForwards, regression: bool, label: str
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(label ids, value of the label on the full input, prediction on the full input)."""
-    plan = _Plan()
-    for v in views:
-        plan.add(list(v.ids), v.target, v.types)
-    labels = attribution.target.token_ids.cpu().long()
-    value, pred, top = _run_plan(model, plan, head, max_batch, regression, labels)
+    """(label ids, value of the label on the full input, prediction on the full input), from
+    the clean forward every metric of the call shares."""
+    n = len(shared.items)
+    res = shared.hard_values(
+        [(b, it.ids, it.target, it.types) for b, it in enumerate(shared.items)]
+    )
+    labels = shared.attribution.target.token_ids.cpu().long()
+    value, pred, top = res[:, 0], res[:, 2].long(), res[:, 3]
     if label == "prediction" and not regression:
         value, labels = top, pred
     elif label != "target" and not regression:
         raise ValueError(f"label must be 'prediction' or 'target', got {label!r}")
+    assert value.shape[0] == n
     return labels, value, pred
+
+
+def _shared_for(
+    model: Any, attribution: Attribution, head: Head | None, max_batch: int, shared: Any
+) -> SharedForwards:
+    if shared is not None and shared.serves(model, attribution, head):
+        return cast(SharedForwards, shared)
+    return SharedForwards(model, attribution, head, max_batch)
 
 
 # --------------------------------------------------------------------------- AOPC
@@ -249,6 +233,32 @@ def aopc(
     ``head``: the head to read (default: the attribution's Target's head, kept in
     ``ResolvedTarget.head``; the model's own when the Target named none).
     """
+    return aopc_shared(
+        model,
+        attribution,
+        fractions=fractions,
+        head=head,
+        label=label,
+        gold=gold,
+        special_ids=special_ids,
+        max_batch=max_batch,
+    )
+
+
+def aopc_shared(
+    model: Any,
+    attribution: Attribution,
+    *,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    head: Head | None = None,
+    label: str = "prediction",
+    gold: Int[Tensor, "batch"] | None = None,
+    special_ids: Sequence[int] | None = None,
+    max_batch: int = 64,
+    shared: SharedForwards | None = None,
+) -> AOPCResult:
+    """:func:`aopc` with the forwards of ``shared`` when it holds this call's (clean forward
+    and every distinct perturbation made once per :func:`~lens_attrib.evaluation.score`)."""
     check_faithfulness_args(attribution, "aopc", label, max_batch)
     head = head if head is not None else attribution.target.head
     check_fractions(fractions, "fractions", "aopc")
@@ -256,20 +266,20 @@ def aopc(
     encoder = arch_of(model).encoder
     mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
     views = item_views(attribution, special_ids_of(model, special_ids))
-    labels, p_full, pred = _references(
-        model, views, head, max_batch, regression, attribution, label
-    )
+    shared = _shared_for(model, attribution, head, max_batch, shared)
+    labels, p_full, pred = _references(shared, regression, label)
     ref = pred if gold is None else torch.as_tensor(gold).long().cpu()
     plan = _Plan()
-    for v in views:
+    items: list[int] = []
+    for b, v in enumerate(views):
+        items += [b] * (2 * len(fractions))
         for f in fractions:
             top = set(v.ranked[: n_perturbed(f, len(v.ranked))])
             plan.add(*_perturb(v, top, encoder, mask_id))
             rest = set(v.ranked) - top
             plan.add(*_perturb(v, rest, encoder, mask_id))
     n_k = len(fractions)
-    row_labels = labels.repeat_interleave(2 * n_k)
-    value, argmax, _ = _run_plan(model, plan, head, max_batch, regression, row_labels)
+    value, argmax, _ = _run_plan(shared, plan, items, regression, label == "prediction")
     value = value.reshape(len(views), n_k, 2)
     argmax = argmax.reshape(len(views), n_k, 2)
     comp_k = p_full[:, None] - value[..., 0]
@@ -340,6 +350,29 @@ def insertion_deletion(
     max_batch: int = 64,
 ) -> CurveResult:
     """Deletion and insertion curves in ``1/steps`` steps (default 5 % × 20; module doc)."""
+    return insertion_deletion_shared(
+        model,
+        attribution,
+        steps=steps,
+        head=head,
+        label=label,
+        special_ids=special_ids,
+        max_batch=max_batch,
+    )
+
+
+def insertion_deletion_shared(
+    model: Any,
+    attribution: Attribution,
+    *,
+    steps: int = 20,
+    head: Head | None = None,
+    label: str = "prediction",
+    special_ids: Sequence[int] | None = None,
+    max_batch: int = 64,
+    shared: SharedForwards | None = None,
+) -> CurveResult:
+    """:func:`insertion_deletion` with the forwards of ``shared`` when it holds this call's."""
     check_faithfulness_args(attribution, "insertion_deletion", label, max_batch)
     head = head if head is not None else attribution.target.head
     check_count(steps, "steps", "insertion_deletion")
@@ -349,16 +382,18 @@ def insertion_deletion(
     encoder = arch_of(model).encoder
     mask_id = getattr(getattr(model, "tokenizer", None), "mask_token_id", None)
     views = item_views(attribution, special_ids_of(model, special_ids))
-    labels, _, pred = _references(model, views, head, max_batch, False, attribution, label)
+    shared = _shared_for(model, attribution, head, max_batch, shared)
+    _, _, pred = _references(shared, False, label)
     fr = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
     plan = _Plan()
-    for v in views:
+    items: list[int] = []
+    for b, v in enumerate(views):
+        items += [b] * (2 * (steps + 1))
         for f in fr.tolist():
             top = v.ranked[: n_perturbed(f, len(v.ranked))]
             plan.add(*_perturb(v, set(top), encoder, mask_id))
             plan.add(*_perturb(v, set(v.ranked) - set(top), encoder, mask_id))
-    row_labels = labels.repeat_interleave(2 * (steps + 1))
-    value, argmax, _ = _run_plan(model, plan, head, max_batch, False, row_labels)
+    value, argmax, _ = _run_plan(shared, plan, items, False, label == "prediction")
     value = value.reshape(len(views), steps + 1, 2)
     argmax = argmax.reshape(len(views), steps + 1, 2)
     del_flip = argmax[..., 0] != pred[:, None]

@@ -7,6 +7,11 @@ function). Metrics of one family share one computation per call: asking for
 one Soft plan. The runner (:func:`lens_attrib.evaluation.evaluate`) and every experiment call
 :func:`score` and turn its records into their rows; none loops over metrics itself.
 
+Forwards are shared: one :class:`~lens_attrib.evaluation.shared_forwards.SharedForwards` per
+call makes the clean forward once for every family (with the attention patterns when a
+fixed-routing family is asked for) and every distinct hard perturbation once (AOPC and
+insertion/deletion), each at its item's own length.
+
 Families (see each metric module for the formulas):
 
 - ``plausibility`` (:mod:`~lens_attrib.evaluation.plausibility`, needs ``evidence``):
@@ -44,9 +49,10 @@ import torch
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
+from lens_attrib.evaluation.faithfulness import aopc_shared, insertion_deletion_shared
 from lens_attrib.evaluation.plausibility import PLAUSIBILITY_METRICS, degenerate, plausibility
-from lens_attrib.evaluation.soft import soft_metrics
+from lens_attrib.evaluation.shared_forwards import SharedForwards
+from lens_attrib.evaluation.soft import soft_metrics_shared
 
 
 @dataclass(frozen=True)
@@ -100,13 +106,17 @@ class ScoreOptions:
 
 @dataclass(frozen=True)
 class Context:
-    """What a family gets: the model, the Attribution and the call's evidence, gold, options."""
+    """What a family gets: the model, the Attribution and the call's evidence, gold, options,
+    and the call's forwards (:class:`~lens_attrib.evaluation.shared_forwards.SharedForwards`:
+    the clean forward and every distinct hard perturbation made once for all families;
+    ``None``: each family makes its own)."""
 
     model: Any
     attribution: Attribution
     evidence: Sequence[Any] | None
     gold: Tensor | None
     options: ScoreOptions
+    shared: SharedForwards | None = None
 
 
 @dataclass(frozen=True)
@@ -187,12 +197,13 @@ def _plausibility(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
 @register_family("aopc")
 def _aopc(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
     opts = ctx.options
-    res = aopc(
+    res = aopc_shared(
         ctx.model,
         ctx.attribution,
         gold=ctx.gold,
         max_batch=opts.max_batch,
         special_ids=opts.special_ids,
+        shared=ctx.shared,
         **opts.aopc,
     )
     fields: dict[str, Tensor] = {
@@ -216,11 +227,12 @@ def _aopc(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
 @register_family("curves")
 def _curves(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
     opts = ctx.options
-    res = insertion_deletion(
+    res = insertion_deletion_shared(
         ctx.model,
         ctx.attribution,
         max_batch=opts.max_batch,
         special_ids=opts.special_ids,
+        shared=ctx.shared,
         **opts.curves,
     )
     return [r for m in wanted for r in _per_item(m.name, getattr(res, m.key))]
@@ -228,12 +240,13 @@ def _curves(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
 
 def _soft(ctx: Context, wanted: Sequence[Metric], routing: str) -> list[MetricRecord]:
     opts = ctx.options
-    res = soft_metrics(
+    res = soft_metrics_shared(
         ctx.model,
         ctx.attribution,
         routing=routing,
         max_batch=opts.max_batch,
         special_ids=opts.special_ids,
+        shared=ctx.shared,
         **{"seed": opts.seed, **opts.soft},
     )
     values = res.as_dict()
@@ -318,11 +331,18 @@ def score(
     check_metrics(metrics)
     options = options or ScoreOptions()
     gold_t = None if gold is None else torch.as_tensor(gold)
-    ctx = Context(model, attribution, evidence, gold_t, options)
     by_family: dict[str, list[Metric]] = {}
     for name in dict.fromkeys(metrics):
         spec = METRICS[name]
         by_family.setdefault(spec.family, []).append(spec)
+    shared = SharedForwards(
+        model,
+        attribution,
+        attribution.target.head,
+        options.max_batch,
+        patterns="soft_fixed" in by_family,
+    )
+    ctx = Context(model, attribution, evidence, gold_t, options, shared)
     return [r for family, wanted in by_family.items() for r in FAMILIES[family](ctx, wanted)]
 
 
