@@ -308,7 +308,7 @@ def soft_metrics_shared(
             f"closest α is used and SoftResult.pi_reached says what was reached); first: item "
             f"{unreachable[0][0]}, π = {unreachable[0][1]}.",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     shared = _shared_for(model, attribution, head, max_batch, routing, shared)
     dists = _distances(model, shared, plans, routing, per_element, distance, max_batch, head)
