@@ -309,11 +309,20 @@ def unit_records(
     first_item: int,
     seed: int,
     kept: dict[str, Any] | None = None,
+    explained: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
-    tokens counted and excluded. ``kept``: receives the first item's Attribution (by method)."""
+    tokens counted and excluded. ``kept``: receives the first item's Attribution (by method).
+    ``explained``: the batch's Attributions of target-free methods (``MethodSpec.target_free``:
+    the scores do not depend on the target or foil, and the plausibility metrics read only the
+    scores), made in the batch's first mode and reused in the others."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
-    attr = attribute(model, list(prompts), target, method=method, **method_options(method, seed))
+    attr = explained.get(method) if explained is not None else None
+    if attr is None:
+        opts = method_options(method, seed)
+        attr = attribute(model, list(prompts), target, method=method, **opts)
+        if explained is not None and METHODS[method].target_free:
+            explained[method] = attr
     if kept is not None:
         kept[method] = attr[0]
     records: list[dict[str, Any]] = []
@@ -372,6 +381,7 @@ def score_task(
         sl = slice(start, start + batch_size)
         prompts, evidence = data.prompts[sl], data.evidence[sl]
         items = list(range(start, start + len(prompts)))
+        explained: dict[str, Any] = {}  # target-free methods: one explanation per batch
         for mode, contrastive in modes:
             target = Target(
                 token=list(data.targets[sl]),
@@ -391,6 +401,7 @@ def score_task(
                     start,
                     seed,
                     keep,
+                    explained,
                 )
                 key = f"{task}:{items_id}|{method}|{mode}"
                 records += units.get(key, items, compute)

@@ -10,6 +10,7 @@ backend's ``final_residual`` (every forward of the library passes through it).
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import replace
@@ -318,3 +319,28 @@ def test_certain_tokens_cost_no_random_forwards(llama, llama_attr, monkeypatch):
     res = soft_metrics(llama, one, pis=PIS, n_draws=DRAWS)
     assert counter.rows == 1 + 1  # clean + all dropped
     assert math.isclose(float(res.soft_nc[0]), 0.0, abs_tol=1e-15)  # nothing removed
+
+
+# --------------------------------------------------------------------------- agreement
+def test_agreement_explains_target_free_methods_once_per_batch(llama, monkeypatch):
+    """Target-free methods are explained once per batch, not once per mode; their records in
+    both modes equal those of an explanation made for that mode."""
+    from experiments import agreement
+
+    calls: list[str] = []
+    real = agreement.attribute
+    monkeypatch.setattr(
+        agreement, "attribute", lambda *a, **k: calls.append(k["method"]) or real(*a, **k)
+    )
+    vocab = llama.tokenizer.get_vocab()
+    cat, dog = vocab["cat"], vocab["dog"]
+    data = agreement.Prepared(["the big dog", "a red cat sat"], [cat, dog], [dog, cat],
+                              [[1], [2]], 2, 2)  # fmt: skip
+    records = agreement.score_task(llama, "t", data, ["random", "gradient"], 2, 0)
+    assert sorted(calls) == ["gradient", "gradient", "random"]
+    for mode, foil in (("contrastive", data.foils), ("plain", None)):
+        target = agreement.Target(token=data.targets, foil=foil)
+        want = agreement.unit_records(llama, "t", data.prompts, data.evidence, target,
+                                      "random", mode, 0, 0)  # fmt: skip
+        got = [r for r in records if r["method"] == "random" and r["mode"] == mode]
+        assert json.dumps(got) == json.dumps(want)  # NaN cells included
