@@ -82,7 +82,8 @@ def certain(attr, b: int, fill: str):
     elif fill == "constant":
         scores[b, real] = 1.0
     else:  # half exactly 1, half exactly 0
-        scores[b, real] = torch.tensor([1.0 if i % 2 else 0.0 for i in range(n)], dtype=scores.dtype)
+        binary = [1.0 if i % 2 else 0.0 for i in range(n)]
+        scores[b, real] = torch.tensor(binary, dtype=scores.dtype)
     return replace(attr, scores=scores)
 
 
@@ -115,7 +116,7 @@ def plain_soft(model, attr, *, routing, per_element, seed=0, pis=PIS, n_draws=DR
             store: dict = {}
             saving = pattern_cache_hooks(store)(int(model.cfg.n_layers))
             head_outputs(model, attr.token_ids[one], attr.mask[one], attr.target.positions[one],
-                         hooks=lambda r: saving)  # fmt: skip
+                         hooks=lambda r, saving=saving: saving)  # fmt: skip
             hooks = fixed_routing_hooks({k: torch.cat(v) for k, v in store.items()})
         probs = []
         for k, q in enumerate(rows):

@@ -111,13 +111,21 @@ def forward_by_length(
 def _chunk_hooks(hooks: GroupHooks | None, members: list[int]) -> Any:
     if hooks is None:
         return None
-    return lambda sl: hooks(members[sl], sl)
+
+    def chunk_hooks(sl: slice) -> list[Any]:
+        return hooks(members[sl], sl)
+
+    return chunk_hooks
 
 
 def _chunk_reduce(reduce: GroupReduce | None, members: list[int]) -> Any:
     if reduce is None:
         return None
-    return lambda out, sl: reduce(out, members[sl])
+
+    def chunk_reduce(out: Tensor, sl: slice) -> Tensor:
+        return reduce(out, members[sl])
+
+    return chunk_reduce
 
 
 @dataclass
