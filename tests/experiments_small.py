@@ -195,19 +195,38 @@ def compare(got: dict[str, Any], want: dict[str, Any], rtol: float = 1e-12) -> l
             extra, missing = set(a) - set(b), set(b) - set(a)
             problems.append(f"{section}: arrays differ; new {sorted(extra)[:3]}, "
                             f"missing {sorted(missing)[:3]}")  # fmt: skip
+        cells = _cell_scales(want[section]) if section == "summary" else {}
         for name in sorted(set(a) & set(b)):
-            problems += _compare_array(f"{section}{list(name)}", a[name], b[name], rtol)
+            floor = cells.get(name[:-1], 0.0) if name[-1][1] in CELL_STATS else 0.0
+            problems += _compare_array(f"{section}{list(name)}", a[name], b[name], rtol, floor)
     for section in ("counts", "accuracy", "n_layers", "table"):
         if section in want:
             problems += _compare_tree(section, got.get(section), want[section], rtol)
     return problems
 
 
-def _compare_array(name: str, got: dict[Any, Any], want: dict[Any, Any], rtol: float) -> list[str]:
+CELL_STATS = ("mean", "ci_low", "ci_high")
+
+
+def _cell_scales(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
+    """Per summary cell, the largest magnitude of its mean and CI bounds: a bound is a number in
+    the units of the mean, so it is compared relative to the cell's scale, not to itself (a
+    bootstrap bound of a 2-item Pearson drop is 0 up to rounding, e.g. 1.1e-16 or 2.2e-16)."""
+    out: dict[tuple[Any, ...], float] = {}
+    for key, row in _rows_by_identity(rows).items():
+        stats = [abs(float(row[f])) for f in CELL_STATS if _is_number(row.get(f))]
+        out[tuple(kv for kv in key if kv[0] != "item")] = max(stats, default=0.0)
+    return out
+
+
+def _compare_array(
+    name: str, got: dict[Any, Any], want: dict[Any, Any], rtol: float, floor: float = 0.0
+) -> list[str]:
     if set(got) != set(want):
         return [f"{name}: rows differ"]
     numbers = [v for v in want.values() if _is_number(v)]
-    scale = max((abs(float(v)) for v in numbers), default=0.0)
+    scale = max((abs(float(v)) for v in numbers), default=floor)
+    scale = max(scale, floor)
     out = []
     for key, w in want.items():
         g = got[key]

@@ -37,3 +37,16 @@ def test_comparison_sees_a_changed_number():
     row = next(r for r in got["records"] if isinstance(r["value"], float) and r["value"] != 0)
     row["value"] *= 1 + 1e-9
     assert any("records" in p for p in compare(got, want))
+
+
+def test_comparison_sees_a_changed_ci_bound():
+    """A CI bound is compared relative to its cell (mean and bounds), still at 1e-12."""
+    want = json.loads((FIXTURES / "faithfulness_classifier.json").read_text(encoding="utf-8"))
+    got = json.loads(json.dumps(want))
+    row = next(r for r in got["summary"] if isinstance(r.get("ci_high"), float) and r["ci_high"])
+    scale = max(abs(row[f]) for f in ("mean", "ci_low", "ci_high"))
+    row["ci_high"] += 1e-10 * scale
+    assert any("ci_high" in p for p in compare(got, want))
+    row["ci_high"] -= 1e-10 * scale
+    row["ci_high"] += 1e-14 * scale
+    assert compare(got, want) == []

@@ -180,6 +180,10 @@ class SharedForwards:
         outs = forward_by_length(
             self.model, rows, head=self.head, max_batch=self.max_batch, hooks=hooks
         )
+        if not outs:
+            self._clean = torch.zeros(0, 0, dtype=torch.float64)
+            self._patterns = []
+            return
         self._clean = torch.stack([o.to(torch.float64) for o in outs]).cpu()
         if self.patterns:
             per_item: list[dict[str, Tensor]] = [{} for _ in self.items]
