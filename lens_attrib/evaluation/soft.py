@@ -48,9 +48,13 @@ Routing: ``"dynamic"`` (the perturbed input computes its own attention) or ``"fi
 replays the clean run's attention pattern, :mod:`lens_attrib.hooks.routing`).
 
 Batching and seeds: every perturbed row (all draws × all π × NC/NS, plus the clean and baseline
-rows, for every item) runs in chunks of ``max_batch`` rows. Row ``r`` of an item draws its
-uniforms from its own ``torch.Generator`` seeded by ``(seed, item tokens, r)``, so results depend
-on the seed and the item only — not on batch composition or chunk size.
+rows, for every item) runs at its item's own length, without padding (items of one length share
+chunks of ``max_batch`` rows), and each distinct keep mask of an item runs once: tokens whose
+keep probability is 0 or 1 always drop or stay, so on short items many draws coincide; a mask
+keeping everything is the clean forward, shared with the other metrics of a ``score`` call
+(:mod:`lens_attrib.evaluation.shared_forwards`). Row ``r`` of an item draws its uniforms from its
+own ``torch.Generator`` seeded by ``(seed, item tokens, r)``, so results depend on the seed and
+the item only — not on batch composition, chunk size or which rows coincide.
 """
 
 from __future__ import annotations
