@@ -39,19 +39,30 @@ adds a task named after the file's stem; with ``--data`` and no ``--tasks`` only
 run. Items with foils are explained contrastively and plainly; files without foils plainly
 (kept where the target is the model's own prediction).
 
-Methods (``--methods``) × metrics PG (pointing game), MRR, RMA (relevance mass accuracy) and PTA
-(per-token accuracy), for the contrastive target (``logit(target) − logit(foil)``) and the plain
-target logit, with special tokens counted ("in") or excluded ("out"). PG, MRR and PTA are
-expectations under uniformly random tie-breaking (:mod:`lens_attrib.evaluation.plausibility`),
-so a method whose scores are constant over the real tokens scores what ``random`` scores; the
-``deg`` columns count such degenerate items. Cells are means over items with a seeded percentile
-bootstrap 95% CI over items in the JSON/CSV summary (``ci_low``, ``ci_high``) and, with
-``--ci``, in the table.
+Methods (``--methods``; default every method of the paper's Table 1 — ALTI-Logit, AttnLRP, LRP,
+Gradient, AttnRollout — plus Gradient×Input, Integrated Gradients, DeepLIFT, NormXLogit, Grad-ELLM,
+ReAGent, value zeroing and the random baseline) × metrics PG (pointing game), MRR, RMA (relevance
+mass accuracy) and PTA (per-token accuracy), for the contrastive target (``logit(target) −
+logit(foil)``) and the plain target logit, with special tokens counted ("in") or excluded ("out").
+PG, MRR and PTA are expectations under uniformly random tie-breaking
+(:mod:`lens_attrib.evaluation.plausibility`), so a method whose scores are constant over the real
+tokens scores what ``random`` scores; the ``deg`` columns count such degenerate items. Cells are
+means over items with a seeded percentile bootstrap 95% CI over items in the JSON/CSV summary
+(``ci_low``, ``ci_high``) and, with ``--ci``, in the table.
 Only items the model gets right are explained (``logit(target) > logit(foil)``; for qa the
 argmax). Prompts get the library's start token (:func:`lens_attrib.inputs.start_token_of`, the
 same as ``attribute`` and ``evaluate``: ``<|endoftext|>`` on SmolLM2, whose tokenizer adds none);
 ``--start-token`` chooses another special token, ``--start-token none`` (or ``--no-bos``) none.
 The start token is what makes "special tokens in/out" differ.
+
+Table settings (:mod:`experiments.method_settings`, stated in the table's header and under each
+task): value zeroing on decoders aggregates its layers by their mean (``--vz-aggregation``);
+Integrated Gradients' completeness-gap distribution and share of items above 1 % are given
+under every task (``--ig-max-steps`` caps its adaptive rule). Grad-ELLM's depth is chosen per
+task on a tuning split disjoint from the reported items (:mod:`experiments.grad_ellm_depth`;
+default criterion the pointing game on 30 tuning items with the contrastive target — a departure
+from the π-Soft paper's π-Soft AUCs, whose tuning on every task is unaffordable on 2 cores:
+``--depth-metric pi_soft`` runs it), ``--grad-ellm-depth N`` fixes it by hand.
 """
 
 from __future__ import annotations

@@ -51,10 +51,19 @@ them, are never perturbed; the decoder's last token is kept (the class is read t
     python -m experiments.faithfulness --mode zero-shot --datasets sst2,imdb,boolq --n 2
 
 Defaults are sized for a shared 2-core CPU (2 items per dataset, 5 methods, 4 AOPC fractions, a
-3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 500 --methods
-alti_logit,attnlrp,lrp,gradient,grad_x_input,integrated_gradients,logat,normxlogit,grad_ellm,
-deeplift,reagent,random --fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95
---n-draws 15 --max-tokens 256 --device cuda`` (encoders also ``decompx,globenc``).
+3-point π grid, 2 draws, 32 text tokens). ``--paper-protocol`` takes the papers' settings where
+no flag gives them: AOPC K = 10 … 90 % (NormXLogit), π ∈ {0.05, …, 0.95} with 15 draws
+(π-Soft; dynamic and fixed routing unless ``--no-fixed``), insertion/deletion in ``--steps``
+(default 20). ``--metric-groups`` picks what every unit computes (``aopc``, ``curves``,
+``soft``), so that the AOPC tables and the π-Soft tables run as separate journals. Every
+applicable method: ``--methods`` :data:`PAPER_METHODS` (those that do not apply to the
+architecture are skipped). The exact paper-size commands are in ``docs/results/README.md``.
+
+Table settings (:mod:`experiments.method_settings`): value zeroing aggregates by the layer
+mean on decoders (rollout on encoders), IG's completeness-gap distribution is stated under every
+table; Grad-ELLM's depth is chosen per dataset on a tuning split disjoint from the reported items
+(:mod:`experiments.grad_ellm_depth`; criterion π-Soft, the paper's, with ``--tuning-draws``; the
+STS-B regression head by AOPC, stated), ``--grad-ellm-depth N`` fixes it.
 """
 
 from __future__ import annotations
@@ -173,6 +182,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     )
     parser.add_argument("--steps", type=int, default=20, help="insertion/deletion steps")
     parser.add_argument("--no-curves", action="store_true", help="skip insertion/deletion")
+    parser.add_argument(
+        "--metric-groups",
+        default="aopc,curves,soft",
+        help="which metric groups every unit computes (default all): aopc (AOPC "
+        "comprehensiveness / sufficiency over --fractions, accuracy under perturbation, the "
+        "Pearson drop: the NormXLogit paper's tables), curves (insertion / deletion AUC in "
+        "--steps), soft (Soft-NC/NS and π-Soft-NC/NS, dynamic and fixed routing: the π-Soft "
+        "paper's tables); e.g. an AOPC-table run takes aopc alone, a π-Soft-table run soft,curves",
+    )
     add_methods_argument(parser, DEFAULT_METHODS)
     parser.add_argument(
         "--max-tokens",
@@ -288,17 +306,28 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
     ``pi_soft_nc@π`` / ``pi_soft_ns@π``; regression: AOPC only, with the head's
     ``output_full`` and ``output_without_top@K``."""
     fractions = [float(f) for f in parse_list(args.fractions)]
-    names = ["comprehensiveness", "sufficiency", "comprehensiveness_curve", "sufficiency_curve"]
+    groups = metric_groups(args)
+    names = []
+    if "aopc" in groups:
+        names += ["comprehensiveness", "sufficiency", "comprehensiveness_curve",
+                  "sufficiency_curve"]  # fmt: skip
     if regression:
+        if "aopc" not in groups:
+            raise ValueError(
+                "a regression head (STS-B) has AOPC and the Pearson drop only: include aopc in "
+                "--metric-groups for it."
+            )
         names += ["output_full", "output_without_top_curve"]
     else:
         if not zero_shot:
-            names.append("accuracy_perturbation")
-            if not args.no_curves:
+            if "aopc" in groups:
+                names.append("accuracy_perturbation")
+            if not args.no_curves and "curves" in groups:
                 names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip"]
-        for suffix in ("",) if args.no_fixed else ("", "_fixed"):
-            names += [m + suffix for m in SOFT_BASE]
-        names += ["pi_soft_nc_curve", "pi_soft_ns_curve"]
+        if "soft" in groups:
+            for suffix in ("",) if args.no_fixed else ("", "_fixed"):
+                names += [m + suffix for m in SOFT_BASE]
+            names += ["pi_soft_nc_curve", "pi_soft_ns_curve"]
     options = ScoreOptions(
         max_batch=args.max_batch,
         seed=args.seed,
@@ -307,6 +336,20 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
         soft={"pis": pis, "n_draws": args.n_draws},
     )
     return Protocol(tuple(names), options, args.seed)
+
+
+METRIC_GROUPS = ("aopc", "curves", "soft")
+
+
+def metric_groups(args: Any) -> list[str]:
+    """``--metric-groups`` as a list, checked."""
+    groups = parse_list(getattr(args, "metric_groups", ",".join(METRIC_GROUPS)))
+    unknown = [g for g in groups if g not in METRIC_GROUPS]
+    if unknown or not groups:
+        raise ValueError(
+            f"--metric-groups: unknown {unknown or groups}; choose from {', '.join(METRIC_GROUPS)}"
+        )
+    return groups
 
 
 def unit_records(
@@ -424,7 +467,7 @@ def manifest(args: Any) -> dict[str, Any]:
     """What fixes the items and their scores (the journal refuses to mix other settings)."""
     keys = ("mode", "model", "seed", "n", "train_n", "dev_n", "max_tokens", "n_draws", "pis",
             "fractions", "steps", "no_curves", "no_fixed", "no_chat", "batch_size",
-            "vz_aggregation", "ig_max_steps")  # fmt: skip
+            "vz_aggregation", "ig_max_steps", "metric_groups")  # fmt: skip
     return (
         {k: getattr(args, k) for k in keys}
         | depth_manifest(args)
@@ -452,10 +495,12 @@ def curve_figures(records: Sequence[dict[str, Any]], dataset: str, methods: Sequ
     :class:`~lens_attrib.evaluation.records.PiCurves`)."""
     from lens_attrib.plot import aopc_curves, pi_curves
 
-    aopc_res = {m: AOPCCurves.from_records(records, dataset=dataset, method=m) for m in methods}
+    figs = []
+    if curve_points(records, "comprehensiveness@", dataset=dataset).grid:
+        aopc_res = {m: AOPCCurves.from_records(records, dataset=dataset, method=m) for m in methods}
+        figs.append(aopc_curves(aopc_res, title=f"{dataset}: AOPC curves"))
     pi_res = {m: PiCurves.from_records(records, dataset=dataset, method=m) for m in methods}
     soft_res = {m: c for m, c in pi_res.items() if c is not None}
-    figs = [aopc_curves(aopc_res, title=f"{dataset}: AOPC curves")]
     if soft_res:
         figs.append(pi_curves(soft_res, title=f"{dataset}: π-Soft curves (dynamic routing)"))
     return figs
