@@ -183,3 +183,41 @@ def test_faithfulness_zero_shot_depth_split_is_disjoint(tmp_path):
     assert f"Grad-ELLM n_layers={choice.depth}, selected by pi_soft" in out["table"]
     payload = json.loads((tmp_path / "faithfulness.json").read_text())
     assert payload["grad_ellm_depth"]["sst2"]["depth"] == choice.depth
+
+
+def test_checkpoint_commit_waits_for_a_locked_index_and_never_raises(tmp_path, monkeypatch):
+    """Two runs checkpointing into one repository: a commit that meets the other's index.lock
+    is retried; one that keeps failing is skipped with a message, never stopping the run."""
+    import subprocess
+
+    from experiments import checkpoint_run
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for cmd in (
+        ["init", "-q"],
+        ["config", "user.email", "t@example.com"],
+        ["config", "user.name", "t"],
+        ["commit", "-q", "--allow-empty", "-m", "start"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)  # fmt: skip
+    run = repo / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "records.jsonl").write_text("{}\n")
+    lock = repo / ".git" / "index.lock"
+    lock.write_text("")
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the other process finishes during the first wait
+        waits.append(seconds)
+        lock.unlink(missing_ok=True)
+
+    monkeypatch.setattr(checkpoint_run.time, "sleep", sleep)
+    assert checkpoint_run.commit_retrying(repo, run, "a") is True and len(waits) == 1
+    (run / "records.jsonl").write_text("{}\n{}\n")
+    lock.write_text("")
+    monkeypatch.setattr(checkpoint_run.time, "sleep", lambda s: None)
+    monkeypatch.setattr(checkpoint_run, "LOCK_RETRIES", 3)
+    assert checkpoint_run.commit_retrying(repo, run, "a") is False  # reported, not raised
+    lock.unlink()
+    assert checkpoint_run.commit_retrying(repo, run, "a") is True
