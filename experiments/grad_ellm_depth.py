@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -192,7 +193,8 @@ class DepthChoice:
         if self.how == "fixed":
             return f"Grad-ELLM n_layers={self.depth} (fixed by hand, --grad-ellm-depth)."
         if self.how == "default":
-            return f"Grad-ELLM n_layers={self.depth} (the library default ceil(L/4); no tuning)."
+            text = f"Grad-ELLM n_layers={self.depth} (the library default ceil(L/4); no tuning)."
+            return text + (f" {self.departure}" if self.departure else "")
         scores = ", ".join(
             f"{d}: {'–' if math.isnan(s) else f'{s:.3f}'}" for d, s in self.scores.items()
         )
@@ -261,12 +263,14 @@ def select_depth(
     """Grad-ELLM's depth for ``where`` chosen on the tuning ``inputs`` (explained with
     ``target``) by ``criterion`` (per item, higher is better; named ``metric``, default
     ``--depth-metric``), journaled in ``units``."""
-    if not inputs:
-        raise ValueError(
-            f"{where}: the tuning split is empty (no item of the source is left once the reported "
-            "items are removed); pass --grad-ellm-depth N (or 'default'), a smaller --n or a "
-            "larger pool."
+    if not inputs:  # e.g. a user's file whose every item is reported: stated, not silent
+        why = (
+            "no tuning item is left once the reported items are removed; the library default "
+            "ceil(L/4) is used (pass --grad-ellm-depth N, a smaller --n or a larger pool)"
         )
+        warnings.warn(f"{where}: {why}", stacklevel=2)
+        total = int(model.cfg.n_layers)
+        return DepthChoice(where, default_depth(total), "default", departure=f"Note: {why}.")
     seed = tuning_seed(args)
     split_id = fingerprint([list(inputs), repr(target)])
     metric = metric or args.depth_metric

@@ -221,3 +221,19 @@ def test_checkpoint_commit_waits_for_a_locked_index_and_never_raises(tmp_path, m
     assert checkpoint_run.commit_retrying(repo, run, "a") is False  # reported, not raised
     lock.unlink()
     assert checkpoint_run.commit_retrying(repo, run, "a") is True
+
+
+def test_empty_tuning_split_falls_back_to_the_default_with_a_note():
+    from experiments.grad_ellm_depth import disjoint_sample, select_depth
+
+    args = SimpleNamespace(depth_metric="pointing_game", tuning_seed=None, seed=0,
+                           tuning_draws=None, depth_candidates="1,4")  # fmt: skip
+    model = SimpleNamespace(cfg=SimpleNamespace(n_layers=30))
+    with pytest.warns(UserWarning, match="no tuning item is left"):
+        choice = select_depth(model, None, "mine", [], None, None, args, source="file")
+    assert choice.how == "default" and choice.depth == 8
+    assert "no tuning item is left" in choice.note()
+    pool = list(range(10))
+    picked = disjoint_sample(pool, {0, 1, 2}, lambda x: x, 4, seed=1)
+    assert len(picked) == 4 and not {0, 1, 2} & set(picked) and picked == sorted(picked)
+    assert disjoint_sample(pool, set(range(8)), lambda x: x, 4, seed=1) == [8, 9]
