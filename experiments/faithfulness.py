@@ -539,6 +539,7 @@ def choose_depth(
     *,
     regression: bool,
     source: str,
+    key: str | None = None,
 ) -> DepthChoice:
     """Grad-ELLM's depth for ``dataset`` (:mod:`experiments.grad_ellm_depth`): fixed, or
     selected on the ``tuning`` inputs explained with ``target``. A regression head (STS-B) has
@@ -558,7 +559,7 @@ def choose_depth(
     criterion = depth_criterion(proto, args, pis, metric)
     choice = select_depth(
         model, units, dataset, tuning, target, criterion, args, source=source,
-        departure=departure, metric=metric,
+        departure=departure, metric=metric, key=key,
     )  # fmt: skip
     print(f"{dataset}: {choice.note()}", flush=True)
     return choice
@@ -717,10 +718,9 @@ def run_classifiers(
                 classifier_tuning_inputs(clf.model, dataset, args, inputs)
             )  # fmt: skip
             depths[dataset] = choose_depth(
-                clf.model, f"{dataset}:{clf_id}", args, units, tuning, clf.target(), proto, pis,
-                regression=regression, source=source,
+                clf.model, dataset, args, units, tuning, clf.target(), proto, pis,
+                regression=regression, source=source, key=f"{dataset}:{clf_id}",
             )  # fmt: skip
-            depths[dataset].where = dataset
             depth = depths[dataset].depth
         opts = {m: experiment_options(m, args.seed, clf.model, args, depth) for m in methods}
         starts = range(0, len(inputs), args.batch_size)

@@ -259,10 +259,12 @@ def select_depth(
     source: str,
     departure: str = "",
     metric: str | None = None,
+    key: str | None = None,
 ) -> DepthChoice:
     """Grad-ELLM's depth for ``where`` chosen on the tuning ``inputs`` (explained with
     ``target``) by ``criterion`` (per item, higher is better; named ``metric``, default
-    ``--depth-metric``), journaled in ``units``."""
+    ``--depth-metric``), journaled in ``units`` under ``key`` (default ``where``; e.g. with the
+    classifier's fingerprint)."""
     if not inputs:  # e.g. a user's file whose every item is reported: stated, not silent
         why = (
             "no tuning item is left once the reported items are removed; the library default "
@@ -274,13 +276,13 @@ def select_depth(
     seed = tuning_seed(args)
     split_id = fingerprint([list(inputs), repr(target)])
     metric = metric or args.depth_metric
-    key = f"{where}:{split_id}|grad_ellm_depth[{metric},draws={args.tuning_draws}]"
+    unit = f"{key or where}:{split_id}|grad_ellm_depth[{metric},draws={args.tuning_draws}]"
     selection = select_grad_ellm_depth(
         model,
         list(inputs),
         target,
         candidates=candidates_of(args),
-        metric=journaled(units, key, len(inputs), criterion),
+        metric=journaled(units, unit, len(inputs), criterion),
     )
     return DepthChoice(
         where,
