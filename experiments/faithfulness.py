@@ -130,6 +130,9 @@ PAPER_FRACTIONS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 """The NormXLogit paper's AOPC fractions K = 10 … 90 %."""
 PAPER_PIS = ",".join(f"{0.05 * k:.2f}" for k in range(1, 20))
 """The π-Soft paper's grid π = 0.05, 0.10, …, 0.95."""
+NO_REGRESSION = ("reagent",)
+"""Methods skipped on a regression head (STS-B): ReAGent's score is the drop in the target's
+probability, which a one-output regression head does not have (it raises)."""
 SMALL = {"fractions": "0.2,0.4,0.6,0.8", "pis": "0.2,0.5,0.8", "n_draws": 2}
 PAPER = {"fractions": PAPER_FRACTIONS, "pis": PAPER_PIS, "n_draws": 15}
 LABELS = {
@@ -711,8 +714,12 @@ def run_classifiers(
         clf_id = fingerprint([clf.info.name, clf.info.metadata])
         items_id = fingerprint([inputs, gold])
         proto = protocol(args, pis, zero_shot=False, regression=regression)
+        skipped = [m for m in methods if regression and m in NO_REGRESSION]
+        if skipped:
+            print(f"{dataset}: skipped (no regression heads): {', '.join(skipped)}", flush=True)
+        ds_methods = [m for m in methods if m not in skipped]
         depth = None
-        if "grad_ellm" in methods and inputs:
+        if "grad_ellm" in ds_methods and inputs:
             tuning, source = (
                 ([], "") if fixed_choice(clf.model, args, dataset) else
                 classifier_tuning_inputs(clf.model, dataset, args, inputs)
@@ -722,12 +729,12 @@ def run_classifiers(
                 regression=regression, source=source, key=f"{dataset}:{clf_id}",
             )  # fmt: skip
             depth = depths[dataset].depth
-        opts = {m: experiment_options(m, args.seed, clf.model, args, depth) for m in methods}
+        opts = {m: experiment_options(m, args.seed, clf.model, args, depth) for m in ds_methods}
         starts = range(0, len(inputs), args.batch_size)
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(inputs[sl])))
-            for method in methods:
+            for method in ds_methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, proto,
@@ -736,7 +743,7 @@ def run_classifiers(
                 key = f"{dataset}:{clf_id}:{items_id}|{method}{unit_suffix(method, opts[method])}"
                 records += units.get(key, items, compute)
         if regression:
-            for method in methods:
+            for method in ds_methods:
                 where = {"dataset": dataset, "method": method}
                 full = curve_points(records, "output_full", **where).values
                 perturbed = curve_points(records, "output_without_top@", **where).values
@@ -744,7 +751,7 @@ def run_classifiers(
                     dataset, method, full[:, 0], perturbed, gold_t.double(), fractions, args.seed
                 )
         if inputs:
-            figs += curve_figures(records, dataset, methods)
+            figs += curve_figures(records, dataset, ds_methods)
     return RunResult(records, accuracy, figs, examples, extra_rows, depths)
 
 
