@@ -39,19 +39,30 @@ adds a task named after the file's stem; with ``--data`` and no ``--tasks`` only
 run. Items with foils are explained contrastively and plainly; files without foils plainly
 (kept where the target is the model's own prediction).
 
-Methods (``--methods``) × metrics PG (pointing game), MRR, RMA (relevance mass accuracy) and PTA
-(per-token accuracy), for the contrastive target (``logit(target) − logit(foil)``) and the plain
-target logit, with special tokens counted ("in") or excluded ("out"). PG, MRR and PTA are
-expectations under uniformly random tie-breaking (:mod:`lens_attrib.evaluation.plausibility`),
-so a method whose scores are constant over the real tokens scores what ``random`` scores; the
-``deg`` columns count such degenerate items. Cells are means over items with a seeded percentile
-bootstrap 95% CI over items in the JSON/CSV summary (``ci_low``, ``ci_high``) and, with
-``--ci``, in the table.
+Methods (``--methods``; default every method of the paper's Table 1 — ALTI-Logit, AttnLRP, LRP,
+Gradient, AttnRollout — plus Gradient×Input, Integrated Gradients, DeepLIFT, NormXLogit, Grad-ELLM,
+ReAGent, value zeroing and the random baseline) × metrics PG (pointing game), MRR, RMA (relevance
+mass accuracy) and PTA (per-token accuracy), for the contrastive target (``logit(target) −
+logit(foil)``) and the plain target logit, with special tokens counted ("in") or excluded ("out").
+PG, MRR and PTA are expectations under uniformly random tie-breaking
+(:mod:`lens_attrib.evaluation.plausibility`), so a method whose scores are constant over the real
+tokens scores what ``random`` scores; the ``deg`` columns count such degenerate items. Cells are
+means over items with a seeded percentile bootstrap 95% CI over items in the JSON/CSV summary
+(``ci_low``, ``ci_high``) and, with ``--ci``, in the table.
 Only items the model gets right are explained (``logit(target) > logit(foil)``; for qa the
 argmax). Prompts get the library's start token (:func:`lens_attrib.inputs.start_token_of`, the
 same as ``attribute`` and ``evaluate``: ``<|endoftext|>`` on SmolLM2, whose tokenizer adds none);
 ``--start-token`` chooses another special token, ``--start-token none`` (or ``--no-bos``) none.
 The start token is what makes "special tokens in/out" differ.
+
+Table settings (:mod:`experiments.method_settings`, stated in the table's header and under each
+task): value zeroing on decoders aggregates its layers by their mean (``--vz-aggregation``);
+Integrated Gradients' completeness-gap distribution and share of items above 1 % are given
+under every task (``--ig-max-steps`` caps its adaptive rule). Grad-ELLM's depth is chosen per
+task on a tuning split disjoint from the reported items (:mod:`experiments.grad_ellm_depth`;
+default criterion the pointing game on 30 tuning items with the contrastive target — a departure
+from the π-Soft paper's π-Soft AUCs, whose tuning on every task is unaffordable on 2 cores:
+``--depth-metric pi_soft`` runs it), ``--grad-ellm-depth N`` fixes it by hand.
 """
 
 from __future__ import annotations
@@ -75,6 +86,23 @@ from experiments.common import (
     setup,
     write_outputs,
 )
+from experiments.grad_ellm_depth import (
+    DepthChoice,
+    add_depth_arguments,
+    check_disjoint,
+    depth_manifest,
+    fixed_choice,
+    select_depth,
+    tuning_seed,
+)
+from experiments.method_settings import (
+    add_method_setting_arguments,
+    experiment_options,
+    gap_lines,
+    gap_records,
+    setting_notes,
+    unit_suffix,
+)
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.cli import add_methods_argument, add_start_token_argument
@@ -92,7 +120,14 @@ from lens_attrib.inputs import (
 from lens_attrib.progress import progress_bar
 from lens_attrib.scoring import correctness, single_token_items
 
-DEFAULT_METHODS = "alti_logit,attnlrp,lrp,gradient,grad_x_input,rollout,normxlogit,grad_ellm,random"
+PAPER_METHODS = "alti_logit,attnlrp,lrp,gradient,rollout"
+"""Table 1 of the decomposition paper (Arras et al.): ALTI-Logit, AttnLRP, LRP, Gradient,
+AttnRollout."""
+OUR_METHODS = (
+    "grad_x_input,integrated_gradients,deeplift,normxlogit,grad_ellm,reagent,value_zeroing"
+)
+"""The library's further methods in the agreement tables (Gradient×Input: the paper's text)."""
+DEFAULT_METHODS = f"{PAPER_METHODS},{OUR_METHODS},random"
 DEFAULT_TASKS = "ra,sva,blimp_darn,qa,linzen"
 TEMPLATE_TASKS = ("ra", "sva")
 OTHER_TASKS = ("qa", "linzen")
@@ -142,6 +177,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         "correctly predicted ones (default: --n); e.g. --n 100 --n-pool 200 explains 100",
     )
     add_resume_arguments(parser, "agreement", "task × batch × mode × method")
+    add_method_setting_arguments(parser)
+    add_depth_arguments(
+        parser, metrics=("pointing_game", "pi_soft"), metric="pointing_game", tuning_n=30
+    )
     add_start_token_argument(parser)
     parser.add_argument(
         "--no-bos",
@@ -297,6 +336,92 @@ def linzen_accuracy(model: Any, n: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+# ------------------------------------------------------------------------ Grad-ELLM depth
+def prepare_tuning(
+    model: Any, task: str, args: Any, reported: Prepared, files: dict[str, str]
+) -> Prepared:
+    """The task's tuning split for Grad-ELLM's depth (:mod:`experiments.grad_ellm_depth`):
+    items of the same source drawn with the tuning seed, prepared like the reported ones
+    (correctly predicted, single-token), every prompt equal to a reported one removed, the
+    first ``--tuning-n`` kept."""
+    seed, n = tuning_seed(args), args.tuning_n
+    taken = set(reported.prompts)
+    if task == "qa":
+        pool = prepare_qa(model, n + len(taken), args.n_qa, seed, args.qa_max_tokens)
+    else:
+        size = 4 * n if is_blimp(task) else 2 * n
+        items = load_task(task, size, seed, files=files, blimp_root=args.blimp_root)
+        pool = prepare_items(model, [it for it in items if it.prompt not in taken], n)
+    keep = [i for i, p in enumerate(pool.prompts) if p not in taken][:n]
+    tuning = Prepared(
+        prompts=[pool.prompts[i] for i in keep],
+        targets=[pool.targets[i] for i in keep],
+        foils=[pool.foils[i] for i in keep] if pool.foils else None,
+        evidence=[pool.evidence[i] for i in keep],
+        n_total=pool.n_total,
+        n_correct=pool.n_correct,
+    )
+    check_disjoint(reported.prompts, tuning.prompts, task)
+    return tuning
+
+
+def depth_criterion(args: Any, evidence: Sequence[Sequence[int]], special_ids: list[int]):
+    """The per-item criterion of ``--depth-metric`` on the tuning items: the pointing game
+    (special tokens excluded, as the table's main setting) or ``(π-Soft-NC + π-Soft-NS) / 2``
+    (dynamic routing, the π-Soft paper's grid, ``--tuning-draws`` draws, default 15)."""
+    if args.depth_metric == "pointing_game":
+        options = ScoreOptions(special_ids=special_ids)
+
+        def pointing(model: Any, attr: Any) -> torch.Tensor:
+            rows = score(model, attr, ["pointing_game"], evidence=list(evidence), options=options)
+            return torch.tensor([r.value for r in rows], dtype=torch.float64)
+
+        return pointing
+    soft = ScoreOptions(seed=args.seed, soft={"n_draws": args.tuning_draws or 15})
+
+    def pi_soft(model: Any, attr: Any) -> torch.Tensor:
+        values = by_metric(score(model, attr, ["pi_soft_nc", "pi_soft_ns"], options=soft))
+        nc = torch.tensor([r.value for r in values["pi_soft_nc"]], dtype=torch.float64)
+        ns = torch.tensor([r.value for r in values["pi_soft_ns"]], dtype=torch.float64)
+        return (nc + ns) / 2
+
+    return pi_soft
+
+
+def grad_ellm_depth(
+    model: Any, task: str, args: Any, data: Prepared, files: dict[str, str], units: Units
+) -> DepthChoice:
+    """Grad-ELLM's depth for ``task``: fixed (``--grad-ellm-depth N`` / ``default``) or
+    selected on the tuning split with the contrastive target where the task has foils (the
+    paper's default setup), else the plain one."""
+    fixed = fixed_choice(model, args, task)
+    if fixed is not None:
+        return fixed
+    tuning = prepare_tuning(model, task, args, data, files)
+    target = Target(token=list(tuning.targets), foil=list(tuning.foils) if tuning.foils else None)
+    special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
+    mode = "contrastive" if tuning.foils else "plain"
+    departure = (
+        "Departure: the π-Soft paper selects by the π-Soft AUCs; here the pointing game on the "
+        "tuning items (π-Soft tuning on every task is unaffordable on 2 CPU cores)."
+        if args.depth_metric == "pointing_game"
+        else ""
+    )
+    choice = select_depth(
+        model,
+        units,
+        task,
+        tuning.prompts,
+        target,
+        depth_criterion(args, tuning.evidence, special_out),
+        args,
+        source=f"{task}, {mode} target, {tuning.n_correct} of {tuning.n_total} scored correct",
+        departure=departure,
+    )
+    print(f"{task}: {choice.note()}", flush=True)
+    return choice
+
+
 # ----------------------------------------------------------------------------- scoring
 def unit_records(
     model: Any,
@@ -310,17 +435,21 @@ def unit_records(
     seed: int,
     kept: dict[str, Any] | None = None,
     explained: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
-    tokens counted and excluded. ``kept``: receives the first item's Attribution (by method).
-    ``explained``: the batch's Attributions of target-free methods (``MethodSpec.target_free``:
-    the scores do not depend on the target or foil, and the plausibility metrics read only the
-    scores), made in the batch's first mode and reused in the others."""
+    tokens counted and excluded, and for IG its per-item completeness gap
+    (:func:`experiments.method_settings.gap_records`). ``kept``: receives the first item's
+    Attribution (by method); ``options``: the method's options (default
+    :func:`method_options`). ``explained``: the batch's Attributions of target-free methods
+    (``MethodSpec.target_free``: the scores do not depend on the target or foil, and the
+    plausibility metrics read only the scores), made in the batch's first mode and reused in
+    the others."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
+    options = method_options(method, seed) if options is None else options
     attr = explained.get(method) if explained is not None else None
     if attr is None:
-        opts = method_options(method, seed)
-        attr = attribute(model, list(prompts), target, method=method, **opts)
+        attr = attribute(model, list(prompts), target, method=method, **options)
         if explained is not None and METHODS[method].target_free:
             explained[method] = attr
     if kept is not None:
@@ -351,7 +480,8 @@ def unit_records(
             for metric, rows in scored.items()
             for r in rows
         ]
-    return records
+    base = {"task": task, "mode": mode, "specials": "n/a"}
+    return records + gap_records(attr, method, base, first_item)
 
 
 def score_task(
@@ -363,14 +493,20 @@ def score_task(
     seed: int,
     examples: list[Any] | None = None,
     units: Units | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Records: item × method × mode (contrastive / plain) × specials (in / out) × metric.
+
+    ``options``: method → the options it is called with (default :func:`method_options`); a
+    method's table options (:func:`experiments.method_settings.unit_suffix`) are part of its
+    unit keys.
 
     ``units``: the run's journal (:mod:`experiments.resume`); each batch × mode × method is one
     unit, taken from it when it holds that unit for these very items and journaled otherwise.
     ``examples``: when given and empty, receives each method's first item (first mode) for the
     report's token maps (computed anew for units taken from the journal)."""
     units = units if units is not None else Units(None, "agreement", {})
+    opts = {m: (options or {}).get(m) or method_options(m, seed) for m in methods}
     collect = examples is not None and not examples
     kept: dict[str, Any] = {}
     items_id = fingerprint([data.prompts, data.targets, data.foils, data.evidence])
@@ -402,8 +538,9 @@ def score_task(
                     seed,
                     keep,
                     explained,
+                    opts[method],
                 )
-                key = f"{task}:{items_id}|{method}|{mode}"
+                key = f"{task}:{items_id}|{method}{unit_suffix(method, opts[method])}|{mode}"
                 records += units.get(key, items, compute)
     if collect and examples is not None and data.prompts:
         first = Target(
@@ -412,8 +549,8 @@ def score_task(
         )
         for method in methods:
             if method not in kept:
-                opts = method_options(method, seed)
-                kept[method] = attribute(model, data.prompts[:1], first, method=method, **opts)[0]
+                one = attribute(model, data.prompts[:1], first, method=method, **opts[method])
+                kept[method] = one[0]
         examples += [kept[m] for m in methods]
     return records
 
@@ -540,6 +677,9 @@ def run(
                 task: fingerprint([Path(p).read_bytes().hex()]) for task, p in data_files.items()
             },
             "metrics": METRICS,
+            "vz_aggregation": args.vz_aggregation,
+            "ig_max_steps": args.ig_max_steps,
+            **depth_manifest(args),
         },
         resume=args.resume,
         overwrite=args.overwrite,
@@ -549,6 +689,7 @@ def run(
     counts: dict[str, dict[str, Any]] = {}
     linzen: list[dict[str, Any]] = []
     examples: list[Any] = []
+    depths: dict[str, DepthChoice] = {}
     for task in tasks:
         if task == "linzen":
             linzen = linzen_accuracy(model, args.n_linzen, args.seed)
@@ -571,9 +712,15 @@ def run(
             f"{len(data.prompts)}",
             flush=True,
         )
+        depth = None
+        if "grad_ellm" in methods and data.prompts:
+            depths[task] = grad_ellm_depth(model, task, args, data, data_files, units)
+            depth = depths[task].depth
+        options = {m: experiment_options(m, args.seed, model, args, depth) for m in methods}
         records += score_task(
-            model, task, data, methods, args.batch_size, args.seed, examples=examples, units=units
-        )
+            model, task, data, methods, args.batch_size, args.seed, examples=examples,
+            units=units, options=options,
+        )  # fmt: skip
     if units.reused:
         print(f"{units.reused} units taken from {units.path}, {units.computed} computed")
     summary = summarize(records, n_boot=args.n_boot, seed=args.seed)
@@ -581,7 +728,8 @@ def run(
     lines = [
         f"Ground-truth agreement on {args.model} (percent; C = contrastive target − foil, "
         f"NC = target logit; correctly predicted items only; special tokens excluded"
-        f"{', prompts start with ' + repr(prefix) if prefix else ''})"
+        f"{', prompts start with ' + repr(prefix) if prefix else ''})",
+        *setting_notes(methods, model, args),
     ]
     for task in counts:
         lines += [
@@ -590,6 +738,8 @@ def run(
             f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
             f"{counts[task]['note']}".rstrip(),
             task_table(summary, task, methods, "out", ci=args.ci),
+            *([depths[task].note()] if task in depths else []),
+            *gap_lines(records, {"task": task}, "mode", args.ig_max_steps),
         ]
     if prefix:
         lines += ["", "Special tokens counted (specials in):"]
@@ -618,12 +768,23 @@ def run(
         records=records,
         figures=figures(records, list(counts)),
         table=table,
-        extra={"counts": counts, "linzen": linzen},
+        extra={
+            "counts": counts,
+            "linzen": linzen,
+            "grad_ellm_depth": {task: c.as_dict() for task, c in depths.items()},
+        },
         examples=examples,
         argv=argv,
         started=started,
     )
-    return {"summary": summary, "counts": counts, "linzen": linzen, "paths": paths, "table": table}
+    return {
+        "summary": summary,
+        "counts": counts,
+        "linzen": linzen,
+        "paths": paths,
+        "table": table,
+        "grad_ellm_depth": depths,
+    }
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ starts the command in the background (its output goes to this process's), writes
 that folder: ``git add -- <dir>`` then ``git commit -m "run NAME: K records" -- <dir>``, and
 only when something in it changed. When the command ends (or this process gets SIGINT /
 SIGTERM, which it passes on to the command first) it commits once more and exits with the
-command's exit status. It never pushes. A commit may catch the journal mid-write: the torn last
-line or gzip member is dropped when the run resumes (:mod:`lens_attrib.evaluation.journal`).
+command's exit status. It never pushes. Several runs may checkpoint into one repository: a
+commit that finds git's index locked by another is retried (:func:`commit_retrying`), and a
+commit that fails is reported and skipped, never stopping the run. A commit may catch the
+journal mid-write: the torn last line or gzip member is dropped when the run resumes
+(:mod:`lens_attrib.evaluation.journal`).
 
 Continue a run on a fresh checkout by running the same line again: with ``--resume`` in the
 wrapped command, finished batches are read from the committed journal and only the rest is
@@ -46,6 +49,27 @@ def count_records(directory: Path) -> int:
 
 def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+LOCK_RETRIES = 20
+"""Tries of a commit that finds the repository locked (another git process, e.g. a second run's
+checkpoint in the same repository), ``LOCK_WAIT`` seconds apart."""
+LOCK_WAIT = 3.0
+
+
+def commit_retrying(repo: Path, directory: Path, name: str) -> bool:
+    """:func:`commit`, retried while git's index is locked by another process; a commit that
+    still fails is reported and skipped (the run goes on: its journal is on disk, and the next
+    checkpoint commits it). Whether a commit was made."""
+    for attempt in range(LOCK_RETRIES):
+        try:
+            return commit(repo, directory, name)
+        except RuntimeError as err:
+            if "index.lock" not in str(err) or attempt == LOCK_RETRIES - 1:
+                print(f"[checkpoint_run] commit skipped: {err}", file=sys.stderr, flush=True)
+                return False
+            time.sleep(LOCK_WAIT)
+    return False
 
 
 def commit(repo: Path, directory: Path, name: str) -> bool:
@@ -99,7 +123,7 @@ def checkpoint_run(
                 code = proc.wait(timeout=max(0.0, next_commit - time.monotonic()))
                 break
             except subprocess.TimeoutExpired:
-                commit(repo, directory, name)
+                commit_retrying(repo, directory, name)
                 next_commit = time.monotonic() + every
     finally:
         for s, handler in previous.items():
@@ -107,7 +131,7 @@ def checkpoint_run(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    commit(repo, directory, name)
+    commit_retrying(repo, directory, name)
     return code
 
 

@@ -51,10 +51,19 @@ them, are never perturbed; the decoder's last token is kept (the class is read t
     python -m experiments.faithfulness --mode zero-shot --datasets sst2,imdb,boolq --n 2
 
 Defaults are sized for a shared 2-core CPU (2 items per dataset, 5 methods, 4 AOPC fractions, a
-3-point π grid, 2 draws, 32 text tokens); a paper-sized run is e.g. ``--n 500 --methods
-alti_logit,attnlrp,lrp,gradient,grad_x_input,integrated_gradients,logat,normxlogit,grad_ellm,
-deeplift,reagent,random --fractions 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 --pis 0.05,0.1,…,0.95
---n-draws 15 --max-tokens 256 --device cuda`` (encoders also ``decompx,globenc``).
+3-point π grid, 2 draws, 32 text tokens). ``--paper-protocol`` takes the papers' settings where
+no flag gives them: AOPC K = 10 … 90 % (NormXLogit), π ∈ {0.05, …, 0.95} with 15 draws
+(π-Soft; dynamic and fixed routing unless ``--no-fixed``), insertion/deletion in ``--steps``
+(default 20). ``--metric-groups`` picks what every unit computes (``aopc``, ``curves``,
+``soft``), so that the AOPC tables and the π-Soft tables run as separate journals. Every
+applicable method: ``--methods`` :data:`PAPER_METHODS` (those that do not apply to the
+architecture are skipped). The exact paper-size commands are in ``docs/results/README.md``.
+
+Table settings (:mod:`experiments.method_settings`): value zeroing aggregates by the layer
+mean on decoders (rollout on encoders), IG's completeness-gap distribution is stated under every
+table; Grad-ELLM's depth is chosen per dataset on a tuning split disjoint from the reported items
+(:mod:`experiments.grad_ellm_depth`; criterion π-Soft, the paper's, with ``--tuning-draws``; the
+STS-B regression head by AOPC, stated), ``--grad-ellm-depth N`` fixes it.
 """
 
 from __future__ import annotations
@@ -74,6 +83,24 @@ from experiments.common import (
     setup,
     write_outputs,
 )
+from experiments.grad_ellm_depth import (
+    DepthChoice,
+    add_depth_arguments,
+    check_disjoint,
+    depth_manifest,
+    disjoint_sample,
+    fixed_choice,
+    select_depth,
+    tuning_seed,
+)
+from experiments.method_settings import (
+    add_method_setting_arguments,
+    experiment_options,
+    gap_lines,
+    gap_records,
+    setting_notes,
+    unit_suffix,
+)
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
@@ -92,6 +119,22 @@ from lens_attrib.progress import progress_bar
 from lens_attrib.scoring import correctness
 
 DEFAULT_METHODS = "alti_logit,attnlrp,grad_x_input,normxlogit,random"
+PAPER_METHODS = (
+    "alti_logit,alti,attnlrp,lrp,gradient,grad_x_input,integrated_gradients,deeplift,rollout,"
+    "attention,logat,normxlogit,embed_norm,grad_ellm,reagent,value_zeroing,decompx,globenc,random"
+)
+"""Every method of the three papers' faithfulness and agreement tables; those that do not
+apply to the model's architecture are skipped (ALTI-Logit on encoders, DecompX and GlobEnc on
+decoders)."""
+PAPER_FRACTIONS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+"""The NormXLogit paper's AOPC fractions K = 10 … 90 %."""
+PAPER_PIS = ",".join(f"{0.05 * k:.2f}" for k in range(1, 20))
+"""The π-Soft paper's grid π = 0.05, 0.10, …, 0.95."""
+NO_REGRESSION = ("reagent",)
+"""Methods skipped on a regression head (STS-B): ReAGent's score is the drop in the target's
+probability, which a one-output regression head does not have (it raises)."""
+SMALL = {"fractions": "0.2,0.4,0.6,0.8", "pis": "0.2,0.5,0.8", "n_draws": 2}
+PAPER = {"fractions": PAPER_FRACTIONS, "pis": PAPER_PIS, "n_draws": 15}
 LABELS = {
     "sst2": (" Negative", " Positive"),
     "imdb": (" Negative", " Positive"),
@@ -142,6 +185,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     )
     parser.add_argument("--steps", type=int, default=20, help="insertion/deletion steps")
     parser.add_argument("--no-curves", action="store_true", help="skip insertion/deletion")
+    parser.add_argument(
+        "--metric-groups",
+        default="aopc,curves,soft",
+        help="which metric groups every unit computes (default all): aopc (AOPC "
+        "comprehensiveness / sufficiency over --fractions, accuracy under perturbation, the "
+        "Pearson drop: the NormXLogit paper's tables), curves (insertion / deletion AUC in "
+        "--steps), soft (Soft-NC/NS and π-Soft-NC/NS, dynamic and fixed routing: the π-Soft "
+        "paper's tables); e.g. an AOPC-table run takes aopc alone, a π-Soft-table run soft,curves",
+    )
     add_methods_argument(parser, DEFAULT_METHODS)
     parser.add_argument(
         "--max-tokens",
@@ -149,17 +201,39 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         default=32,
         help="truncate each review / passage / sentence of a pair to this many tokens",
     )
-    parser.add_argument("--n-draws", type=int, default=2, help="Monte-Carlo draws for Soft")
-    parser.add_argument("--pis", default="0.2,0.5,0.8", help="π grid (the paper: 0.05,0.1,…,0.95)")
     parser.add_argument(
-        "--fractions", default="0.2,0.4,0.6,0.8", help="AOPC fractions (the paper: 0.1,…,0.9)"
+        "--paper-protocol",
+        action="store_true",
+        help="the papers' settings where not given explicitly: AOPC fractions 0.1,…,0.9 "
+        "(NormXLogit), π grid 0.05,…,0.95 and 15 draws (π-Soft); insertion/deletion keep "
+        "--steps (default 20), both routings unless --no-fixed",
+    )
+    parser.add_argument(
+        "--n-draws",
+        type=int,
+        default=None,
+        help="Monte-Carlo draws for Soft (default 2; --paper-protocol 15)",
+    )
+    parser.add_argument(
+        "--pis", default=None, help="π grid (default 0.2,0.5,0.8; the paper: 0.05,0.1,…,0.95)"
+    )
+    parser.add_argument(
+        "--fractions",
+        default=None,
+        help="AOPC fractions (default 0.2,0.4,0.6,0.8; the paper: 0.1,…,0.9)",
     )
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-batch", type=int, default=32, help="rows per perturbed forward")
     parser.add_argument("--no-fixed", action="store_true", help="skip fixed-routing π-Soft")
     parser.add_argument("--no-chat", action="store_true", help="plain prompts, no chat template")
     add_resume_arguments(parser, "faithfulness", "dataset × batch × method")
-    return parser.parse_args(argv)
+    add_method_setting_arguments(parser)
+    add_depth_arguments(parser, metrics=("pi_soft", "aopc"), metric="pi_soft", tuning_n=20)
+    args = parser.parse_args(argv)
+    for key, value in (PAPER if args.paper_protocol else SMALL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 # ------------------------------------------------------------------------------- prompts
@@ -199,7 +273,7 @@ def label_ids(tokenizer: Any, dataset: str) -> list[int]:
     return ids
 
 
-def load(dataset: str, n: int, seed: int) -> list[Any]:
+def load(dataset: str, n: int | None, seed: int) -> list[Any]:
     if dataset == "sst2":
         return load_sst2("validation", n=n, seed=seed)
     if dataset == "imdb":
@@ -235,17 +309,28 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
     ``pi_soft_nc@π`` / ``pi_soft_ns@π``; regression: AOPC only, with the head's
     ``output_full`` and ``output_without_top@K``."""
     fractions = [float(f) for f in parse_list(args.fractions)]
-    names = ["comprehensiveness", "sufficiency", "comprehensiveness_curve", "sufficiency_curve"]
+    groups = metric_groups(args)
+    names = []
+    if "aopc" in groups:
+        names += ["comprehensiveness", "sufficiency", "comprehensiveness_curve",
+                  "sufficiency_curve"]  # fmt: skip
     if regression:
+        if "aopc" not in groups:
+            raise ValueError(
+                "a regression head (STS-B) has AOPC and the Pearson drop only: include aopc in "
+                "--metric-groups for it."
+            )
         names += ["output_full", "output_without_top_curve"]
     else:
         if not zero_shot:
-            names.append("accuracy_perturbation")
-            if not args.no_curves:
+            if "aopc" in groups:
+                names.append("accuracy_perturbation")
+            if not args.no_curves and "curves" in groups:
                 names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip"]
-        for suffix in ("",) if args.no_fixed else ("", "_fixed"):
-            names += [m + suffix for m in SOFT_BASE]
-        names += ["pi_soft_nc_curve", "pi_soft_ns_curve"]
+        if "soft" in groups:
+            for suffix in ("",) if args.no_fixed else ("", "_fixed"):
+                names += [m + suffix for m in SOFT_BASE]
+            names += ["pi_soft_nc_curve", "pi_soft_ns_curve"]
     options = ScoreOptions(
         max_batch=args.max_batch,
         seed=args.seed,
@@ -254,6 +339,20 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
         soft={"pis": pis, "n_draws": args.n_draws},
     )
     return Protocol(tuple(names), options, args.seed)
+
+
+METRIC_GROUPS = ("aopc", "curves", "soft")
+
+
+def metric_groups(args: Any) -> list[str]:
+    """``--metric-groups`` as a list, checked."""
+    groups = parse_list(getattr(args, "metric_groups", ",".join(METRIC_GROUPS)))
+    unknown = [g for g in groups if g not in METRIC_GROUPS]
+    if unknown or not groups:
+        raise ValueError(
+            f"--metric-groups: unknown {unknown or groups}; choose from {', '.join(METRIC_GROUPS)}"
+        )
+    return groups
 
 
 def unit_records(
@@ -268,14 +367,20 @@ def unit_records(
     gold: list[Any],
     pred: list[Any],
     examples: list[Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
-    record per item × metric); ``examples`` receives the first item's Attribution."""
-    attr = attribute(model, inputs, target, method=method, **method_options(method, proto.seed))
+    record per item × metric, and for IG its completeness gaps); ``examples`` receives the
+    first item's Attribution; ``options``: the method's (default :func:`method_options`)."""
+    options = method_options(method, proto.seed) if options is None else options
+    attr = attribute(model, inputs, target, method=method, **options)
     if examples is not None:
         examples.append(attr[0])
     scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options)
-    return [
+    gaps = gap_records(attr, method, {"dataset": dataset}, start)
+    for row in gaps:
+        row["gold"], row["prediction"] = gold[row["item"]], pred[row["item"]]
+    records = [
         {
             "dataset": dataset,
             "item": start + r.item,
@@ -287,6 +392,7 @@ def unit_records(
         }
         for r in scored
     ]
+    return records + gaps
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -324,7 +430,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if units.reused:
         print(f"{units.reused} units taken from {units.path}, {units.computed} computed")
     summary = summarize(records) + result.extra_rows
-    table = render(summary, datasets, methods, accuracy, args)
+    table = render(
+        summary, datasets, methods, accuracy, args, records=records, depths=result.depths,
+        notes=setting_notes(methods, model, args),
+    )  # fmt: skip
     print(table)
     paths = write_outputs(
         args.out,
@@ -340,19 +449,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         records=records,
         figures=figs,
         table=table,
-        extra={"accuracy": accuracy},
+        extra={
+            "accuracy": accuracy,
+            "grad_ellm_depth": {d: c.as_dict() for d, c in result.depths.items()},
+        },
         examples=examples,
         argv=argv,
         started=started,
     )
-    return {"summary": summary, "accuracy": accuracy, "paths": paths, "table": table}
+    return {
+        "summary": summary,
+        "accuracy": accuracy,
+        "paths": paths,
+        "table": table,
+        "grad_ellm_depth": result.depths,
+    }
 
 
 def manifest(args: Any) -> dict[str, Any]:
     """What fixes the items and their scores (the journal refuses to mix other settings)."""
     keys = ("mode", "model", "seed", "n", "train_n", "dev_n", "max_tokens", "n_draws", "pis",
-            "fractions", "steps", "no_curves", "no_fixed", "no_chat", "batch_size")  # fmt: skip
-    return {k: getattr(args, k) for k in keys} | ({"frozen": True} if args.frozen else {})
+            "fractions", "steps", "no_curves", "no_fixed", "no_chat", "batch_size",
+            "vz_aggregation", "ig_max_steps", "metric_groups")  # fmt: skip
+    return (
+        {k: getattr(args, k) for k in keys}
+        | depth_manifest(args)
+        | ({"frozen": True} if args.frozen else {})
+    )
 
 
 @dataclasses.dataclass
@@ -366,6 +489,7 @@ class RunResult:
     figures: list[Any]
     examples: list[Any]
     extra_rows: list[dict[str, Any]]
+    depths: dict[str, DepthChoice] = dataclasses.field(default_factory=dict)
 
 
 def curve_figures(records: Sequence[dict[str, Any]], dataset: str, methods: Sequence[str]):
@@ -374,13 +498,101 @@ def curve_figures(records: Sequence[dict[str, Any]], dataset: str, methods: Sequ
     :class:`~lens_attrib.evaluation.records.PiCurves`)."""
     from lens_attrib.plot import aopc_curves, pi_curves
 
-    aopc_res = {m: AOPCCurves.from_records(records, dataset=dataset, method=m) for m in methods}
+    figs = []
+    if curve_points(records, "comprehensiveness@", dataset=dataset).grid:
+        aopc_res = {m: AOPCCurves.from_records(records, dataset=dataset, method=m) for m in methods}
+        figs.append(aopc_curves(aopc_res, title=f"{dataset}: AOPC curves"))
     pi_res = {m: PiCurves.from_records(records, dataset=dataset, method=m) for m in methods}
     soft_res = {m: c for m, c in pi_res.items() if c is not None}
-    figs = [aopc_curves(aopc_res, title=f"{dataset}: AOPC curves")]
     if soft_res:
         figs.append(pi_curves(soft_res, title=f"{dataset}: π-Soft curves (dynamic routing)"))
     return figs
+
+
+# ------------------------------------------------------------------------------- Grad-ELLM depth
+def depth_criterion(proto: Protocol, args: Any, pis: list[float], metric: str):
+    """The per-item criterion on the tuning items: ``(π-Soft-NC + π-Soft-NS) / 2`` (dynamic
+    routing, the run's π grid, ``--tuning-draws`` or the run's draws) or AOPC
+    comprehensiveness − sufficiency (the run's fractions)."""
+    if metric == "pi_soft":
+        draws = args.tuning_draws or args.n_draws
+        options = dataclasses.replace(proto.options, soft={"pis": pis, "n_draws": draws})
+        names = ["pi_soft_nc", "pi_soft_ns"]
+    else:
+        options, names = proto.options, ["comprehensiveness", "sufficiency"]
+
+    def criterion(model: Any, attr: Any) -> torch.Tensor:
+        rows = score(model, attr, names, options=options)
+        first = torch.tensor([r.value for r in rows if r.metric == names[0]], dtype=torch.float64)
+        second = torch.tensor([r.value for r in rows if r.metric == names[1]], dtype=torch.float64)
+        return (first + second) / 2 if metric == "pi_soft" else first - second
+
+    return criterion
+
+
+def choose_depth(
+    model: Any,
+    dataset: str,
+    args: Any,
+    units: Units,
+    tuning: list[Any],
+    target: Target,
+    proto: Protocol,
+    pis: list[float],
+    *,
+    regression: bool,
+    source: str,
+    key: str | None = None,
+) -> DepthChoice:
+    """Grad-ELLM's depth for ``dataset`` (:mod:`experiments.grad_ellm_depth`): fixed, or
+    selected on the ``tuning`` inputs explained with ``target``. A regression head (STS-B) has
+    no output distribution for π-Soft: it is selected by AOPC instead (stated)."""
+    fixed = fixed_choice(model, args, dataset)
+    if fixed is not None:
+        return fixed
+    metric, departure = args.depth_metric, ""
+    if metric == "pi_soft" and regression:
+        metric = "aopc"
+        departure = (
+            "Departure: π-Soft needs an output distribution, which a regression head lacks; "
+            "selected by AOPC comprehensiveness − sufficiency instead."
+        )
+    elif metric == "aopc":
+        departure = "Departure: the π-Soft paper selects by the π-Soft AUCs, here by AOPC."
+    criterion = depth_criterion(proto, args, pis, metric)
+    choice = select_depth(
+        model, units, dataset, tuning, target, criterion, args, source=source,
+        departure=departure, metric=metric, key=key,
+    )  # fmt: skip
+    print(f"{dataset}: {choice.note()}", flush=True)
+    return choice
+
+
+def classifier_tuning_inputs(
+    model: Any, dataset: str, args: Any, reported: list[Any]
+) -> tuple[list[Any], str]:
+    """The tuning split of a classifier dataset: ``--tuning-n`` inputs of the same source (SST-2
+    validation; the STS-B pairs held out from training) that are not reported, drawn with the
+    tuning seed (:func:`experiments.grad_ellm_depth.disjoint_sample`)."""
+    tok, seed = model.tokenizer, tuning_seed(args)
+    if dataset == "sst2":
+        pool: list[Any] = [
+            truncate(tok, it.prompt, args.max_tokens) for it in load_sst2("validation")
+        ]
+        source = "SST-2 validation sentences not reported"
+    else:
+        _, held = stsb_split()
+        pool = [
+            (
+                truncate(tok, it.meta["sentence1"], args.max_tokens),
+                truncate(tok, it.meta["sentence2"], args.max_tokens),
+            )
+            for it in held
+        ]
+        source = "held-out STS-B pairs not reported"
+    tuning = disjoint_sample(pool, set(reported), lambda x: x, args.tuning_n, seed)
+    check_disjoint(reported, tuning, dataset)
+    return tuning, source
 
 
 # ------------------------------------------------------------------------------- classifiers
@@ -471,6 +683,7 @@ def run_classifiers(
     figs: list[Any] = []
     examples: list[Any] = []
     extra_rows: list[dict[str, Any]] = []
+    depths: dict[str, DepthChoice] = {}
     fractions = [float(f) for f in parse_list(args.fractions)]
     for dataset in datasets:
         clf = load_classifier(
@@ -501,20 +714,36 @@ def run_classifiers(
         clf_id = fingerprint([clf.info.name, clf.info.metadata])
         items_id = fingerprint([inputs, gold])
         proto = protocol(args, pis, zero_shot=False, regression=regression)
+        skipped = [m for m in methods if regression and m in NO_REGRESSION]
+        if skipped:
+            print(f"{dataset}: skipped (no regression heads): {', '.join(skipped)}", flush=True)
+        ds_methods = [m for m in methods if m not in skipped]
+        depth = None
+        if "grad_ellm" in ds_methods and inputs:
+            tuning, source = (
+                ([], "") if fixed_choice(clf.model, args, dataset) else
+                classifier_tuning_inputs(clf.model, dataset, args, inputs)
+            )  # fmt: skip
+            depths[dataset] = choose_depth(
+                clf.model, dataset, args, units, tuning, clf.target(), proto, pis,
+                regression=regression, source=source, key=f"{dataset}:{clf_id}",
+            )  # fmt: skip
+            depth = depths[dataset].depth
+        opts = {m: experiment_options(m, args.seed, clf.model, args, depth) for m in ds_methods}
         starts = range(0, len(inputs), args.batch_size)
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(inputs[sl])))
-            for method in methods:
+            for method in ds_methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, proto,
-                    None if regression else gold_t[sl], gold, pred, keep,
+                    None if regression else gold_t[sl], gold, pred, keep, opts[method],
                 )  # fmt: skip
-                key = f"{dataset}:{clf_id}:{items_id}|{method}"
+                key = f"{dataset}:{clf_id}:{items_id}|{method}{unit_suffix(method, opts[method])}"
                 records += units.get(key, items, compute)
         if regression:
-            for method in methods:
+            for method in ds_methods:
                 where = {"dataset": dataset, "method": method}
                 full = curve_points(records, "output_full", **where).values
                 perturbed = curve_points(records, "output_without_top@", **where).values
@@ -522,8 +751,8 @@ def run_classifiers(
                     dataset, method, full[:, 0], perturbed, gold_t.double(), fractions, args.seed
                 )
         if inputs:
-            figs += curve_figures(records, dataset, methods)
-    return RunResult(records, accuracy, figs, examples, extra_rows)
+            figs += curve_figures(records, dataset, ds_methods)
+    return RunResult(records, accuracy, figs, examples, extra_rows, depths)
 
 
 def classifier_unit(
@@ -538,12 +767,13 @@ def classifier_unit(
     gold: list[Any],
     pred: list[Any],
     examples: list[Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric of
     ``proto`` and the curve points); ``examples`` receives the first item's Attribution."""
     return unit_records(
         model, dataset, inputs, clf.target(), method, start, proto, gold_batch, gold, pred,
-        examples,
+        examples, options,
     )  # fmt: skip
 
 
@@ -562,6 +792,7 @@ def run_zero_shot(
     accuracy: dict[str, float] = {}
     figs: list[Any] = []
     examples: list[Any] = []
+    depths: dict[str, DepthChoice] = {}
     for dataset in datasets:
         ids = label_ids(tok, dataset)
         items = load(dataset, args.n, args.seed)
@@ -579,6 +810,19 @@ def run_zero_shot(
         gold = [it.label for it in items]
         items_id = fingerprint([prompts, gold, pred])
         proto = protocol(args, pis, zero_shot=True, regression=False)
+        depth = None
+        if "grad_ellm" in methods and prompts:
+            tuning: list[str] = []
+            if fixed_choice(model, args, dataset) is None:
+                tuning = zero_shot_tuning_prompts(model, dataset, args, items, prompts)
+            predicted = predict(model, tuning, ids) if tuning else []
+            tuning_target = Target(token=[ids[p] for p in predicted])
+            depths[dataset] = choose_depth(
+                model, dataset, args, units, tuning, tuning_target, proto, pis,
+                regression=False, source=f"{dataset} items not reported, predicted label",
+            )  # fmt: skip
+            depth = depths[dataset].depth
+        opts = {m: experiment_options(m, args.seed, model, args, depth) for m in methods}
         starts = range(0, len(prompts), args.batch_size)
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
@@ -588,12 +832,33 @@ def run_zero_shot(
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     unit_records, model, dataset, prompts[sl], target, method, start, proto,
-                    None, gold, pred, keep,
+                    None, gold, pred, keep, opts[method],
                 )  # fmt: skip
-                records += units.get(f"{dataset}:{items_id}|{method}", items, compute)
+                key = f"{dataset}:{items_id}|{method}{unit_suffix(method, opts[method])}"
+                records += units.get(key, items, compute)
         if prompts:
             figs += curve_figures(records, dataset, methods)
-    return RunResult(records, accuracy, figs, examples, [])
+    return RunResult(records, accuracy, figs, examples, [], depths)
+
+
+def zero_shot_tuning_prompts(
+    model: Any, dataset: str, args: Any, reported: list[Any], prompts: list[str]
+) -> list[str]:
+    """``--tuning-n`` prompts of ``dataset`` items that are not reported, drawn with the
+    tuning seed."""
+
+    def key(it: Any) -> str:
+        return f"{it.prompt}\n{(it.meta or {}).get('passage', '')}"
+
+    pool = load(dataset, None, args.seed)
+    chosen = disjoint_sample(
+        pool, {key(it) for it in reported}, key, args.tuning_n, tuning_seed(args)
+    )
+    tok = model.tokenizer
+    tuning = [make_prompt(tok, dataset, it, args.max_tokens, not args.no_chat) for it in chosen]
+    tuning = [p for p in tuning if p not in set(prompts)]
+    check_disjoint(prompts, tuning, dataset)
+    return tuning
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -607,15 +872,23 @@ def render(
     methods: Sequence[str],
     accuracy: dict[str, float],
     args: Any,
+    *,
+    records: Sequence[dict[str, Any]] = (),
+    depths: dict[str, DepthChoice] | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
+    """The paper-style table per dataset, with the method settings (``notes``), Grad-ELLM's
+    depth and IG's completeness gaps under each table."""
     index = {(r["dataset"], r["method"], r["metric"]): r["mean"] for r in summary}
+    depths = depths or {}
     if args.mode == "zero-shot":
         setting = f"zero-shot, {'chat' if not args.no_chat else 'plain'} prompts"
     else:
         setting = "trained classifier heads"
     lines = [
         f"Faithfulness on {args.model} ({setting}, ≤{args.max_tokens} tokens per text; AOPC "
-        f"fractions {args.fractions}; π grid {args.pis}, {args.n_draws} draws; mean over items)"
+        f"fractions {args.fractions}; π grid {args.pis}, {args.n_draws} draws; mean over items)",
+        *notes,
     ]
     for dataset in datasets:
         cols = [
@@ -627,6 +900,8 @@ def render(
             "",
             f"[{dataset}] {what} {accuracy.get(dataset, float('nan')):.3f}",
             format_table(rows, ["method", *cols]),
+            *([depths[dataset].note()] if dataset in depths else []),
+            *gap_lines(records, {"dataset": dataset}, None, args.ig_max_steps),
         ]
     return "\n".join(lines)
 

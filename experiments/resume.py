@@ -13,7 +13,9 @@ The method list is not part of it, so one journal gathers the units of several m
 separate processes can take disjoint ``--methods`` on the same ``--out`` (start them one after
 the other), and a last run with every method makes the table from the journal alone. A unit's key
 carries a fingerprint of its items, so units of other items are never taken for it, and its line
-records the code version (package version and git commit) that computed it.
+records the code version (package version and git commit) that computed it and the CPU and wall
+seconds it took (``info.cpu_s``, ``info.wall_s``: this process's CPU time, all its threads), from
+which a run's cost per item and its time to finish are read (:func:`unit_costs`).
 
 ``--journal PATH`` keeps the journal elsewhere, e.g. compressed in a run directory of the
 repository (``docs/results/runs/<name>/records.jsonl.gz`` with ``manifest.json``,
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,13 +93,34 @@ class Units:
         if found is not None:
             self.reused += 1
             return found
+        cpu, wall = time.process_time(), time.perf_counter()
         records = compute()
+        cost = {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall}
         self.computed += 1
         if self.journal is not None:
-            self.journal.append(
-                key, items, records, batch_size=len(items), bucket=0, info={"code": self.version}
-            )
+            info = {"code": self.version, **{k: round(v, 3) for k, v in cost.items()}}
+            self.journal.append(key, items, records, batch_size=len(items), bucket=0, info=info)
         return records
+
+
+def unit_costs(path: str | Path) -> list[dict[str, Any]]:
+    """Per journaled unit of ``path``: its key, number of items and CPU / wall seconds (units
+    journaled before costs were recorded are left out)."""
+    from lens_attrib.evaluation.journal import read_lines
+
+    rows = []
+    for line in read_lines(Path(path))[1:]:
+        info = line.get("info") or {}
+        if line.get("kind") == "batch" and "cpu_s" in info:
+            rows.append(
+                {
+                    "key": line["method"],
+                    "n_items": len(line["items"]),
+                    "cpu_s": float(info["cpu_s"]),
+                    "wall_s": float(info["wall_s"]),
+                }
+            )
+    return rows
 
 
 def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) -> None:
@@ -119,4 +143,4 @@ def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) 
     )
 
 
-__all__ = ["Records", "Units", "add_resume_arguments", "fingerprint"]
+__all__ = ["Records", "Units", "add_resume_arguments", "fingerprint", "unit_costs"]
