@@ -174,7 +174,11 @@ def classifier_for(model_name: str, model: Any) -> Any:
     with torch.no_grad():
         head.linear.weight.copy_(torch.randn(head.linear.weight.shape, generator=gen) / 4)
         head.linear.bias.copy_(torch.randn(head.linear.bias.shape, generator=gen) / 4)
-    info = ClassifierInfo(f"{model_name}-sst2", ("negative", "positive"), False, 0, {})
+    from lens_attrib.backend import arch_of
+
+    # read at [CLS] (encoders) or the last token (decoders: position None), as the built-ins
+    position = 0 if arch_of(model).encoder else None
+    info = ClassifierInfo(f"{model_name}-sst2", ("negative", "positive"), False, position, {})
     return Classifier(model, head, info), "random head"
 
 
