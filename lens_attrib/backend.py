@@ -6,7 +6,7 @@ never the model classes. Two backends answer the same questions:
 - :mod:`lens_attrib.backend_hooked`: TransformerLens 3.9's ``HookedTransformer`` (decoders) and
   ``HookedEncoder`` (BERT-style encoders);
 - :mod:`lens_attrib.backend_bridge`: TransformerLens 4's ``TransformerBridge`` (the Hugging Face
-  module wrapped with hook points; decoders).
+  module wrapped with hook points; decoders and BERT encoders).
 
 Each function of :data:`BACKEND_INTERFACE` below dispatches on the model (or on
 ``Arch.backend``) to the backend module's function of the same name. Hook names are
@@ -100,7 +100,7 @@ def backend_module(model: Any) -> Any:
 
 
 def is_encoder(model: Any) -> bool:
-    """True for bidirectional BERT-style encoders (``HookedEncoder``)."""
+    """True for bidirectional BERT-style encoders (``HookedEncoder``, a BERT bridge)."""
     return bool(backend_module(model).is_encoder(model))
 
 

