@@ -180,16 +180,18 @@ def test_a_users_bridge_with_a_head_ablated_equals_the_hooked_ablation(case, ref
 
 
 @needs_bridge
-@pytest.mark.parametrize("arch", ref.ARCHS)
+@pytest.mark.parametrize("arch", [*ref.ARCHS, "bert"])
 def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
-    """The per-call settings (python norms, compatibility masking) are undone, also when a user
-    hook raises mid-forward; the bridge's own forward is then the one it had before."""
+    """The per-call settings (python norms, compatibility masking; BERT: the 3.9 hook names and
+    the hooked attention) are undone, also when a user hook raises mid-forward; the bridge's own
+    forward is then the one it had before."""
     model = user_bridge(arch)
     flags = _bridge_flags(model)
     tokens = torch.tensor([[2, 10, 11, 12, 13]])
     with torch.no_grad():
         logits = model(tokens)
-    attribute(model, ref.PROMPTS, ref.target(), method="attnlrp")
+    prompts, target = ref.prompts(arch), ref.target(arch)
+    attribute(model, prompts, target, method="attnlrp")
     assert _bridge_flags(model) == flags
 
     def boom(x: torch.Tensor, hook: Any) -> None:
@@ -198,20 +200,22 @@ def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
     model.add_hook("blocks.0.hook_resid_post", boom)
     before = model_state_fingerprint(model)
     with pytest.raises(RuntimeError, match="user hook failed"):
-        attribute(model, ref.PROMPTS, ref.target(), method="grad_x_input")
+        attribute(model, prompts, target, method="grad_x_input")
     assert model_state_fingerprint(model) == before and _bridge_flags(model) == flags
     model.reset_hooks()
     with torch.no_grad():
         assert torch.equal(model(tokens), logits)
 
 
-def _bridge_flags(model: Any) -> list[tuple[str, bool]]:
-    return [
+def _bridge_flags(model: Any) -> list[tuple[str, Any]]:
+    flags: list[tuple[str, Any]] = [
         (name, bool(getattr(m, flag)))
         for name, m in model.named_modules()
         for flag in ("use_native_layernorm_autograd", "compatibility_mode")
         if hasattr(m, flag)
     ]
+    flags += [(name, id(m.config)) for name, m in model.named_modules() if hasattr(m, "config")]
+    return [*flags, ("aliases", "_add_aliases_to_hooks" in vars(model))]
 
 
 # --------------------------------------------------------------------------- each trap, mapped
