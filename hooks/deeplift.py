@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lens_attrib.backend import hook_name, layer_norm_activation, mlp_activation
+from lens_attrib.backend import MlmHead, hook_name, layer_norm_activation, mlp_activation
 from lens_attrib.errors import ModelError
 from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.rules import (
@@ -169,10 +169,10 @@ def mlm_head_rescale(
         yield
         return
 
-    def rescaled(head: Any, h: Tensor, post: Tensor) -> Tensor:
+    def rescaled(head: MlmHead, h: Tensor, post: Tensor) -> Tensor:
         x0 = reference_rows.to(h.device, h.dtype).reshape(*h.shape[:-1], -1)
-        h0 = torch.matmul(x0, head.W) + head.b
-        m = rescale_multiplier(head.act_fn, h.detach(), h0.detach(), eps)
+        h0 = torch.matmul(x0, head.weight) + head.bias
+        m = rescale_multiplier(head.act, h.detach(), h0.detach(), eps)
         return linearized(post, (h, m))
 
     with mlm_head_activation(model, rescaled):

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lens_attrib.backend import MlmHead, mlm_head_parts
+
 IDENTITY_EPS = 1e-10  # LXT 2.1, lxt/efficient/rules.py: identity_rule_implicit_fn(epsilon=1e-10)
 RESCALE_EPS = 1e-10  # Captum 0.9, DeepLift(eps=1e-10): |Δh| below it falls back to φ'(h)
 UNIFORM_SHARE = 0.5
@@ -125,15 +127,16 @@ def rescale_multiplier(
 
 @contextmanager
 def mlm_head_activation(
-    model: Any, replace: Callable[[Any, Tensor, Tensor], Tensor]
+    model: Any, replace: Callable[[MlmHead, Tensor, Tensor], Tensor]
 ) -> Iterator[None]:
-    """Replace the output of the GELU inside BERT's MLM head (it has no hook point).
+    """Replace the output of the activation inside BERT's MLM head (it has no hook point).
 
-    A forward pre-hook on ``mlm_head`` keeps its input ``x``; a forward pre-hook on
-    ``mlm_head.ln`` recomputes ``h = x W + b`` (target rows only, cheap) and passes
-    ``replace(head, h, GELU(h))`` on to the LayerNorm instead of ``GELU(h)``.
+    The head's parts come from the backend (:func:`lens_attrib.backend.mlm_head_parts`): a
+    forward pre-hook on its ``entry`` keeps its input ``x``; a forward pre-hook on its ``norm``
+    recomputes ``h = x W + b`` (target rows only, cheap) and passes ``replace(parts, h, φ(h))``
+    on to the LayerNorm instead of ``φ(h)``.
     """
-    head: Any = model.mlm_head
+    parts = mlm_head_parts(model)
     kept: dict[str, Tensor] = {}
 
     def keep_input(module: Any, args: tuple[Tensor, ...]) -> None:
@@ -141,12 +144,12 @@ def mlm_head_activation(
 
     def swap(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         x = kept.pop("x")
-        h = torch.matmul(x, head.W) + head.b
-        return (replace(head, h, args[0]), *args[1:])
+        h = torch.matmul(x, parts.weight) + parts.bias
+        return (replace(parts, h, args[0]), *args[1:])
 
     handles = [
-        head.register_forward_pre_hook(keep_input),
-        head.ln.register_forward_pre_hook(swap),
+        parts.entry.register_forward_pre_hook(keep_input),
+        parts.norm.register_forward_pre_hook(swap),
     ]
     try:
         yield

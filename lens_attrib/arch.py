@@ -18,6 +18,23 @@ Head = Callable[[Tensor], Tensor]
 """A head-on-top: ``[n, d_model]`` residual rows -> ``[n, n_out]`` outputs."""
 
 
+@dataclass(frozen=True)
+class MlmHead:
+    """BERT's masked-LM transform ``LN(φ(x W + b))`` as its parts, for the rules that replace
+    ``φ``'s output (the transform has no hook point between ``φ`` and the LayerNorm).
+
+    ``entry``: the module whose first input is ``x``; ``weight [d_model, d_model]``, ``bias``:
+    ``W`` and ``b``; ``act``: ``φ``; ``norm``: the LayerNorm module, whose first input is
+    ``φ(h)``.
+    """
+
+    entry: Any
+    weight: Tensor
+    bias: Tensor
+    act: Callable[[Tensor], Tensor]
+    norm: Any
+
+
 # --------------------------------------------------------------------------- architecture facts
 def has_lm_head(model: Any) -> bool:
     """Whether token logits exist (False for encoders loaded without their MLM head)."""

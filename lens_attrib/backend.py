@@ -6,7 +6,7 @@ never the model classes. Two backends answer the same questions:
 - :mod:`lens_attrib.backend_hooked`: TransformerLens 3.9's ``HookedTransformer`` (decoders) and
   ``HookedEncoder`` (BERT-style encoders);
 - :mod:`lens_attrib.backend_bridge`: TransformerLens 4's ``TransformerBridge`` (the Hugging Face
-  module wrapped with hook points; decoders).
+  module wrapped with hook points; decoders and BERT encoders).
 
 Each function of :data:`BACKEND_INTERFACE` below dispatches on the model (or on
 ``Arch.backend``) to the backend module's function of the same name. Hook names are
@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import CLASS_HEAD, Arch, Head, attached_head, has_lm_head
+from lens_attrib.arch import CLASS_HEAD, Arch, Head, MlmHead, attached_head, has_lm_head
 from lens_attrib.errors import ModelError
 
 EMBEDDINGS = ("full", "partial")
@@ -47,6 +47,7 @@ BACKEND_INTERFACE = (
     "residual_from",
     "lm_head",
     "pre_unembed",
+    "mlm_head_parts",
     "unembedding",
     "token_embedding_matrix",
     "block",
@@ -68,6 +69,7 @@ BACKEND_INTERFACE = (
   entering a block; ``residual_from(model, arch, resid, layer, mask)``: the blocks from ``layer``
   on (bounds and padding checked by :mod:`lens_attrib.backend` before dispatch);
 - ``lm_head(model, arch)``, ``pre_unembed(model, arch)``, ``final_norm(model)``: the head-on-top;
+  ``mlm_head_parts(model)``: an encoder's MLM transform as its parts (:class:`MlmHead`);
 - ``unembedding(model)``, ``token_embedding_matrix(model, arch)``, ``block(model, layer)``,
   ``value_weights(attn, n_v_heads)``, ``norm_params(module)``: weights, in TransformerLens 3.9's
   layout and with zero tensors for absent biases;
@@ -98,7 +100,7 @@ def backend_module(model: Any) -> Any:
 
 
 def is_encoder(model: Any) -> bool:
-    """True for bidirectional BERT-style encoders (``HookedEncoder``)."""
+    """True for bidirectional BERT-style encoders (``HookedEncoder``, a BERT bridge)."""
     return bool(backend_module(model).is_encoder(model))
 
 
@@ -329,6 +331,11 @@ def pre_unembed(model: Any, arch: Arch) -> Head:
     return cast(Head, backend_module(arch).pre_unembed(model, arch))
 
 
+def mlm_head_parts(model: Any) -> MlmHead:
+    """An encoder's masked-LM transform ``LN(φ(x W + b))`` as its parts (:class:`MlmHead`)."""
+    return cast(MlmHead, backend_module(model).mlm_head_parts(model))
+
+
 def default_head(model: Any, arch: Arch) -> Head:
     """The head explained by default: the model's own class head, else its LM head."""
     head = attached_head(model)
@@ -470,6 +477,7 @@ __all__ = [
     "EMBEDDINGS",
     "Arch",
     "Head",
+    "MlmHead",
     "arch_of",
     "architecture_limit",
     "attached_head",
@@ -494,6 +502,7 @@ __all__ = [
     "is_encoder",
     "layer_norm_activation",
     "lm_head",
+    "mlm_head_parts",
     "mlp_activation",
     "norm_params",
     "output_weights",

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import Arch, Head, arch_from_config, soft_cap
+from lens_attrib.arch import Arch, Head, MlmHead, arch_from_config, soft_cap
 from lens_attrib.errors import ModelError, TargetError
 
 
@@ -181,6 +181,12 @@ def pre_unembed(model: Any, arch: Arch) -> Head:
         return cast(Head, model.mlm_head)
     ln = getattr(model, "ln_final", None)
     return cast(Head, ln) if ln is not None else (lambda x: x)
+
+
+def mlm_head_parts(model: Any) -> MlmHead:
+    """``HookedEncoder.mlm_head``: ``W``, ``b``, its ``act_fn`` and ``ln``."""
+    head = model.mlm_head
+    return MlmHead(entry=head, weight=head.W, bias=head.b, act=head.act_fn, norm=head.ln)
 
 
 # --------------------------------------------------------------------------- weights

@@ -393,6 +393,7 @@ def encode_pairs(
     for first, second in pairs:
         enc = tokenizer(first, second, add_special_tokens=True, return_token_type_ids=True)
         row = [int(t) for t in enc["input_ids"]]
+        check_encoder_framing(tokenizer, row)
         ids.append(row)
         types.append([int(t) for t in enc.get("token_type_ids") or [0] * len(row)])
     length = max(len(r) for r in ids)
@@ -683,6 +684,22 @@ def start_token_of(
     return default_start_token(model)
 
 
+def check_encoder_framing(tokenizer: Any, ids: list[int]) -> None:
+    """An encoder's text encoding starts with the tokenizer's ``[CLS]`` and ends with its
+    ``[SEP]`` (when it has them), as the model was trained; else an :class:`InputError`."""
+    cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+    if cls is None or sep is None or (ids and ids[0] == cls and ids[-1] == sep):
+        return
+    raise InputError(
+        f"The model's tokenizer does not frame texts as {tokenizer.cls_token} … "
+        f"{tokenizer.sep_token} (a TransformerBridge from boot_transformers gets a tokenizer "
+        "re-loaded with add_bos_token=True, which drops BERT's framing). Load the model with "
+        "load_model(folder), give the bridge the folder's own tokenizer "
+        "(lens_attrib.backend_bridge.use_tokenizer(model, AutoTokenizer.from_pretrained(folder))), "
+        "or pass token ids."
+    )
+
+
 def prompt_ids(model: Any, text: str, start: StartToken) -> tuple[list[int], int]:
     """The token ids ``model`` sees for ``text`` under ``start``, and how many were put in front.
 
@@ -694,7 +711,9 @@ def prompt_ids(model: Any, text: str, start: StartToken) -> tuple[list[int], int
     if tokenizer is None:
         raise InputError("The model has no tokenizer: pass token ids instead of strings.")
     if arch_of(model).encoder:
-        return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]], 0
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
+        check_encoder_framing(tokenizer, ids)
+        return ids, 0
     ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     if start.id is None or (ids and ids[0] in _special_ids(tokenizer)):
         return ids, 0

@@ -199,8 +199,9 @@ def load_bridge(
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
 ) -> Any:
-    """A local Hugging Face decoder folder (or the bundled SmolLM2 pack) as a TransformerLens 4
-    ``TransformerBridge``, offline.
+    """A local Hugging Face folder (a decoder; a BERT ``BertModel`` / ``BertForMaskedLM``), the
+    bundled SmolLM2 pack or the MiniLM pack as a TransformerLens 4 ``TransformerBridge``,
+    offline.
 
     ``TransformerBridge.boot_transformers(folder)`` keeps the raw Hugging Face weights (no
     processing) in ``dtype``; norms then compute in the model's dtype with live hooks, and in
@@ -211,33 +212,52 @@ def load_bridge(
     """
     from transformers import AutoConfig
 
-    from lens_attrib.backend_bridge import exact_float64
+    from lens_attrib.backend_bridge import exact_float64, use_tokenizer
 
     smollm2 = folder.lower() in SMOLLM2_NAMES
-    path = smollm2_hf_folder(cache_dir) if smollm2 else Path(folder)
+    minilm = folder.lower() in MINILM_NAMES
+    path = smollm2_hf_folder(cache_dir) if smollm2 else minilm_dir() if minilm else Path(folder)
     if not path.is_dir():
         raise ModelError(
-            f"backend='bridge' loads local Hugging Face folders and smollm2-135m; {folder!r} is "
-            "neither (the minilm-l6 pack and hub names need backend='hooked')."
+            f"backend='bridge' loads local Hugging Face folders, smollm2-135m and minilm-l6; "
+            f"{folder!r} is none of them (hub names need backend='hooked')."
         )
-    if encoder_kind(AutoConfig.from_pretrained(path)) is not None:
-        raise ModelError(
-            f"{folder!r} is an encoder: backend='bridge' supports decoders so far; load it with "
-            "backend='hooked' under TransformerLens 3.9."
-        )
+    check_bridge_encoder(folder, AutoConfig.from_pretrained(path))
     from transformer_lens.model_bridge import TransformerBridge
 
     model = TransformerBridge.boot_transformers(
         str(path), device=str(torch.device(device or "cpu")), dtype=dtype
     )
     exact_float64(model)
+    if encoder_kind(model.original_model.config) is not None:  # [CLS] … [SEP] kept
+        use_tokenizer(model, folder_tokenizer(path))
     if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
         model.cfg.default_prepend_bos = False
         model.cfg.model_name = "SmolLM2-135M-Instruct"
+    elif minilm:
+        model.cfg.model_name = "all-MiniLM-L6-v2"
     else:
         model.cfg.model_name = path.name
     model.eval()
     return model
+
+
+BRIDGE_ENCODER_KINDS = ("Model", "ForMaskedLM")
+"""BERT checkpoints the bridge backend loads (``lens_attrib.backend_bridge``, encoders)."""
+
+
+def check_bridge_encoder(folder: str, hf_config: Any) -> None:
+    """An encoder folder the bridge backend does not map (RoBERTa, a sequence classifier) is an
+    error naming ``backend='hooked'``; decoders and BERT ``*Model``/``*ForMaskedLM`` pass."""
+    kind = encoder_kind(hf_config)
+    if kind is None:
+        return
+    if hf_config.model_type not in BERT_TYPES or kind not in BRIDGE_ENCODER_KINDS:
+        raise ModelError(
+            f"{folder!r} holds a {hf_config.model_type} {kind} checkpoint: backend='bridge' maps "
+            f"BERT *Model and *ForMaskedLM encoders so far; load it with backend='hooked' under "
+            "TransformerLens 3.9."
+        )
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

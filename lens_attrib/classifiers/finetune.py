@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lens_attrib.backend import arch_of
+from lens_attrib.backend import arch_of, block
 from lens_attrib.classifiers.frozen_prefix import (
     CHUNK_OVERHEAD,
     FrozenPrefix,
@@ -52,23 +52,29 @@ LOG = logging.getLogger("lens_attrib.classifiers.finetune")
 
 def tuned_block_names(model: Any, k: int) -> list[str]:
     """Parameter names (``blocks.<i>.…``) of the last ``k`` blocks."""
+    return list(block_parameters(model, k))
+
+
+def block_parameters(model: Any, k: int) -> dict[str, nn.Parameter]:
+    """The parameters of the last ``k`` blocks, named ``blocks.<i>.<name in the block>`` (read
+    through the blocks, so also on a TransformerBridge, whose ``named_parameters`` are the
+    Hugging Face module's)."""
     n_layers = arch_of(model).n_layers
     if not 1 <= k <= n_layers:
         raise ValueError(f"k must be between 1 and the model's {n_layers} blocks, got {k}")
-    first = n_layers - k
-    return [
-        name
-        for name, _ in model.named_parameters()
-        if name.startswith("blocks.") and int(name.split(".")[1]) >= first
-    ]
+    return {
+        f"blocks.{layer}.{name}": param
+        for layer in range(n_layers - k, n_layers)
+        for name, param in block(model, layer).named_parameters()
+    }
 
 
 def trainable_copy(model: Any, k: int) -> Any:
     """A deep copy of ``model`` in which only the last ``k`` blocks require gradients."""
-    names = set(tuned_block_names(model, k))
     tuned = copy.deepcopy(model)
-    for name, param in tuned.named_parameters():
-        param.requires_grad_(name in names)
+    trained = {id(p) for p in block_parameters(tuned, k).values()}
+    for param in tuned.parameters():
+        param.requires_grad_(id(param) in trained)
     return tuned
 
 
@@ -199,8 +205,7 @@ def save_blocks(model: Any, k: int, folder: str | Path) -> Path:
     """Write the last ``k`` blocks' parameters to ``folder/blocks.safetensors``."""
     from safetensors.torch import save_file
 
-    params = dict(model.named_parameters())
-    state = {n: params[n].detach().cpu().contiguous() for n in tuned_block_names(model, k)}
+    state = {n: p.detach().cpu().contiguous() for n, p in block_parameters(model, k).items()}
     path = Path(folder) / BLOCKS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path))
@@ -213,7 +218,7 @@ def tuned_model(model: Any, folder: str | Path) -> Any:
 
     state = load_file(str(Path(folder) / BLOCKS_FILE))
     tuned = copy.deepcopy(model)
-    params = dict(tuned.named_parameters())
+    params = block_parameters(tuned, arch_of(tuned).n_layers)
     unknown = sorted(set(state) - set(params))
     if unknown:
         raise ValueError(f"{folder}: parameters {unknown[:3]} are not in this model.")
@@ -230,6 +235,7 @@ def tuned_model(model: Any, folder: str | Path) -> Any:
 
 __all__ = [
     "BLOCKS_FILE",
+    "block_parameters",
     "fine_tune",
     "head_on",
     "head_rows",

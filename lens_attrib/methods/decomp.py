@@ -346,7 +346,7 @@ def layer_weights(block: Any, dtype: torch.dtype) -> LayerWeights:
         )
 
     attn, mlp = block.attn, block.mlp
-    if not hasattr(mlp, "W_in") or hasattr(mlp, "W_gate"):
+    if getattr(mlp, "W_in", None) is None or getattr(mlp, "W_gate", None) is not None:
         raise ModelError("decompx needs a plain two-layer MLP (W_in, act, W_out) in every block.")
     return LayerWeights(
         attn.W_V.to(dtype),
