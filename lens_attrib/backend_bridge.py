@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -80,15 +81,14 @@ def arch_of(model: Any) -> Arch:
             "(causal LM) bridges are supported so far. Load this encoder under TransformerLens "
             "3.9 with load_model(folder, backend='hooked')."
         )
-    cfg = model.cfg
-    if getattr(cfg, "num_experts", None):
-        raise ModelError(
-            f"TransformerBridge around {type(model.original_model).__name__}: mixture-of-experts "
-            "bridges are not supported (the MoE relevance rule hooks TransformerLens 3.9's "
-            "expert modules). Load this model under TransformerLens 3.9 with "
-            "load_model(folder, backend='hooked')."
-        )
-    return arch_from_config(model, encoder=False, backend="bridge")
+    if getattr(model.cfg, "num_experts", None):
+        for layer in moe_layers(model):
+            experts_module(model, layer)  # refuses an expert layout the hooks cannot follow
+    arch = arch_from_config(model, encoder=False, backend="bridge")
+    # Gemma 2's post-norms (ln1_post, ln2_post) are bridge components; the bridge's config
+    # leaves use_normalization_before_and_after unset
+    post_norms = any(hasattr(blk, "ln1_post") or hasattr(blk, "ln2_post") for blk in model.blocks)
+    return replace(arch, post_norms=arch.post_norms or post_norms)
 
 
 def layer_norm_activation(model: Any) -> bool:
@@ -286,7 +286,10 @@ def norm_params(module: nn.Module) -> tuple[bool, Tensor | None, Tensor | None, 
 
 
 def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
-    """The Hugging Face MLP's activation module (``act_fn`` or ``act``)."""
+    """The Hugging Face MLP's activation module (``act_fn`` or ``act``; a mixture of experts:
+    the experts' one ``act_fn``)."""
+    if getattr(model.cfg, "num_experts", None) and layer in moe_layers(model):
+        return cast("Callable[[Tensor], Tensor]", experts_module(model, layer).act_fn)
     mlp = model.blocks[layer].mlp
     for owner in (mlp, mlp.original_component):
         for attr in ("act_fn", "act", "activation_fn"):
@@ -327,7 +330,8 @@ def call_context(model: Any) -> Iterator[None]:
             attn._apply_rotary_pos_emb = _rotary_firing_hooks(attn)
         if folding:  # a folding flag also routes norms to the native path
             model.cfg.layer_norm_folding = False
-        yield
+        with expert_hooks(model):  # mixture of experts: per-expert hook points
+            yield
     finally:
         for norm, value in zip(norms, before):
             norm.use_native_layernorm_autograd = value
@@ -371,6 +375,7 @@ def exact_float64(model: Any) -> Any:
         norm.use_native_layernorm_autograd = False
     if next(model.parameters()).dtype != torch.float64:
         return model
+    _float64_moe(model)
     for module in model.original_model.modules():
         if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "inv_freq"):
             _float64_rotary(module)
@@ -411,3 +416,153 @@ def _float64_rotary(rotary: Any) -> None:
         return (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)
 
     rotary.forward = forward
+
+
+# --------------------------------------------------------------------------- mixture of experts
+EXPERT_HOOKS = ("hook_gate", "hook_pre", "hook_post")
+"""Per-expert hook points a call gives a mixture-of-experts bridge, named as TransformerLens
+3.9's expert modules: ``blocks.L.mlp.experts.E.hook_gate`` (gate projection ``x W_gate``),
+``.hook_pre`` (up projection ``x W_in``), ``.hook_post`` (``φ(gate) ⊙ up``)."""
+
+
+def _unwrapped(module: Any) -> Any:
+    """The Hugging Face module under bridge wrappers (``original_component`` chains)."""
+    while isinstance(getattr(module, "original_component", None), nn.Module):
+        module = module.original_component
+    return module
+
+
+def moe_layers(model: Any) -> list[int]:
+    """The layers whose MLP is a sparse mixture of experts (a ``MoEBridge``, not a dense layer
+    of an interleaved stack)."""
+    return [
+        layer
+        for layer, blk in enumerate(model.blocks)
+        if any(cls.__name__ == "MoEBridge" for cls in type(blk.mlp).__mro__)
+        and not getattr(blk.mlp, "bound_dense", False)
+    ]
+
+
+def experts_module(model: Any, layer: int) -> Any:
+    """The Hugging Face experts of MoE layer ``layer`` in transformers 5's fused layout
+    (Mixtral, Qwen2-MoE, Qwen3-MoE): ``gate_up_proj [E, 2·d_mlp, d_model]``, ``down_proj
+    [E, d_model, d_mlp]``, no biases, one ``act_fn``; any other layout is a :class:`ModelError`
+    (the expert hooks would not see what the experts compute)."""
+    block = _unwrapped(model.blocks[layer].mlp)
+    experts = _unwrapped(getattr(block, "experts", None))
+    gate_up = getattr(experts, "gate_up_proj", None)
+    down = getattr(experts, "down_proj", None)
+    fused = (
+        isinstance(gate_up, Tensor)
+        and isinstance(down, Tensor)
+        and gate_up.ndim == 3
+        and down.ndim == 3
+        and gate_up.shape[0] == down.shape[0]
+        and gate_up.shape[1] == 2 * down.shape[2]
+        and gate_up.shape[2] == down.shape[1]
+        and not getattr(experts, "is_transposed", False)
+        and not any("bias" in name for name, _ in experts.named_parameters())
+        and callable(getattr(experts, "act_fn", None))
+    )
+    if not fused:
+        raise ModelError(
+            f"TransformerBridge around {type(model.original_model).__name__}: the experts of "
+            f"blocks.{layer}.mlp ({type(experts).__name__}) are not in the fused layout the "
+            "bridge backend hooks (Mixtral, Qwen2-MoE, Qwen3-MoE: gate_up_proj and down_proj "
+            "without biases). Mixtral also loads under TransformerLens 3.9 with "
+            "load_model(folder, backend='hooked')."
+        )
+    return experts
+
+
+def _hooked_experts_forward(experts: Any, points: list[tuple[Any, Any, Any]]) -> Callable[..., Any]:
+    """The experts' forward one expert at a time through its hook points: for expert ``e`` and
+    the rows routed to it, ``w_e · W_down,e(φ(hook_gate(x W_gate,e)) ⊙ hook_pre(x W_in,e))``
+    with ``hook_post`` on the product, summed in expert order (as TransformerLens 3.9's MoE and
+    transformers' eager experts)."""
+
+    def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        out = torch.zeros_like(hidden_states)
+        for expert, (gate_point, up_point, post_point) in enumerate(points):
+            token, slot = torch.where(top_k_index == expert)
+            fused = torch.nn.functional.linear(hidden_states[token], experts.gate_up_proj[expert])
+            gate, up = fused.chunk(2, dim=-1)
+            post = post_point(experts.act_fn(gate_point(gate)) * up_point(up))
+            rows = torch.nn.functional.linear(post, experts.down_proj[expert])
+            out = out.index_add(0, token, (rows * top_k_weights[token, slot, None]).to(out.dtype))
+        return out
+
+    return forward
+
+
+@contextmanager
+def expert_hooks(model: Any) -> Iterator[None]:
+    """For one call, every MoE layer's experts run through per-expert hook points
+    (:data:`EXPERT_HOOKS`, in the bridge's hook registry for the call only), so that the MoE
+    relevance rule (:mod:`lens_attrib.hooks.lrp`) finds TransformerLens 3.9's expert hooks;
+    the routing weights are the router bridge's ``mlp.hook_expert_weights``."""
+    if not getattr(model.cfg, "num_experts", None):
+        yield
+        return
+    from transformer_lens.hook_points import HookPoint
+
+    registry = model._hook_registry
+    added: list[str] = []
+    patched: list[Any] = []
+    try:
+        for layer in moe_layers(model):
+            experts = experts_module(model, layer)
+            points = []
+            for expert in range(experts.gate_up_proj.shape[0]):
+                trio = []
+                for kind in EXPERT_HOOKS:
+                    name = f"blocks.{layer}.mlp.experts.{expert}.{kind}"
+                    point = HookPoint()
+                    point.name = name
+                    registry[name] = point
+                    added.append(name)
+                    trio.append(point)
+                points.append((trio[0], trio[1], trio[2]))
+            experts.forward = _hooked_experts_forward(experts, points)
+            patched.append(experts)
+        yield
+    finally:
+        for name in added:
+            registry.pop(name, None)
+        for experts in patched:
+            experts.__dict__.pop("forward", None)
+
+
+def _float64_moe(model: Any) -> None:
+    """A float64 MoE bridge: transformers' eager experts (its grouped matmul takes no float64)
+    and every router's softmax, top-k and renormalisation in float64 (transformers computes the
+    softmax in float32: ≈ 1e-8 relative error in the routing weights)."""
+    if not getattr(model.cfg, "num_experts", None):
+        return
+    if hasattr(model.original_model, "set_experts_implementation"):
+        model.original_model.set_experts_implementation("eager")
+    for layer in moe_layers(model):
+        experts_module(model, layer)
+        router = _unwrapped(getattr(_unwrapped(model.blocks[layer].mlp), "gate", None))
+        if not all(hasattr(router, a) for a in ("weight", "top_k", "hidden_dim")):
+            raise ModelError(
+                f"exact_float64: the router of blocks.{layer}.mlp ({type(router).__name__}) is "
+                "not a top-k softmax router this backend recomputes in float64."
+            )
+        router.forward = _float64_router(router)
+
+
+def _float64_router(router: Any) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """``softmax(x W_router)``, its top-``k`` and (Mixtral; Qwen when ``norm_topk_prob``) the
+    weights renormalised to sum 1, all in the input's dtype: ``(logits, weights, indices)``."""
+    renormalise = bool(getattr(router, "norm_topk_prob", True))
+
+    def forward(hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows = hidden_states.reshape(-1, router.hidden_dim)
+        logits = torch.nn.functional.linear(rows, router.weight, getattr(router, "bias", None))
+        top, chosen = torch.topk(torch.softmax(logits, dim=-1), router.top_k, dim=-1)
+        if renormalise:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top, chosen
+
+    return forward
