@@ -301,7 +301,30 @@ def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
 
 # --------------------------------------------------------------------------- per-call settings
 def _norm_bridges(model: nn.Module) -> list[Any]:
-    return [m for m in model.modules() if hasattr(m, "use_native_layernorm_autograd")]
+    return [m for m in model.modules() if "use_native_layernorm_autograd" in vars(m)]
+
+
+def _attention_bridges(model: nn.Module) -> list[Any]:
+    """Modules with the bridge's attention softmax (told by class: a bridge component's
+    ``__getattr__`` fallback makes ``hasattr`` on instances slow)."""
+    return [m for m in model.modules() if hasattr(type(m), "_masked_softmax")]
+
+
+def _norm_and_attention_bridges(model: nn.Module) -> tuple[list[Any], list[Any]]:
+    """:func:`_norm_bridges` and :func:`_attention_bridges` in one walk of the module tree."""
+    norms, attns = [], []
+    for module in model.modules():
+        if "use_native_layernorm_autograd" in vars(module):
+            norms.append(module)
+        elif hasattr(type(module), "_masked_softmax"):
+            attns.append(module)
+    return norms, attns
+
+
+def _set_if_changed(module: Any, flag: str, value: Any) -> None:
+    """Set an attribute only when it differs (``nn.Module.__setattr__`` is slow on bridges)."""
+    if getattr(module, flag) != value:
+        setattr(module, flag, value)
 
 
 @contextmanager
@@ -315,28 +338,27 @@ def call_context(model: Any) -> Iterator[None]:
     pattern for query rows that see no key (left padding), as ``HookedTransformer``. A joint-QKV
     rotary attention (GPT-NeoX) fires ``hook_rot_q``/``hook_rot_k``.
     """
-    norms = _norm_bridges(model)
+    norms, attns = _norm_and_attention_bridges(model)
     before = [n.use_native_layernorm_autograd for n in norms]
-    attns = [m for m in model.modules() if hasattr(m, "_masked_softmax")]
     compat = [m.compatibility_mode for m in attns]
     silent_rotary = [m for m in attns if _rotary_hooks_silent(m)]
     folding = getattr(model.cfg, "layer_norm_folding", False)
     try:
         for norm in norms:
-            norm.use_native_layernorm_autograd = False
+            _set_if_changed(norm, "use_native_layernorm_autograd", False)
         for attn in attns:  # -inf masks; fully masked (left-pad) query rows give a 0 pattern
-            attn.compatibility_mode = True
+            _set_if_changed(attn, "compatibility_mode", True)
         for attn in silent_rotary:
             attn._apply_rotary_pos_emb = _rotary_firing_hooks(attn)
         if folding:  # a folding flag also routes norms to the native path
             model.cfg.layer_norm_folding = False
-        with expert_hooks(model):  # mixture of experts: per-expert hook points
+        with expert_hooks(model), fused_attention(model):  # per-expert hooks; fused attention
             yield
     finally:
         for norm, value in zip(norms, before):
-            norm.use_native_layernorm_autograd = value
+            _set_if_changed(norm, "use_native_layernorm_autograd", value)
         for attn, value in zip(attns, compat):
-            attn.compatibility_mode = value
+            _set_if_changed(attn, "compatibility_mode", value)
         for attn in silent_rotary:
             attn.__dict__.pop("_apply_rotary_pos_emb", None)
         if folding:
@@ -379,9 +401,8 @@ def exact_float64(model: Any) -> Any:
     for module in model.original_model.modules():
         if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "inv_freq"):
             _float64_rotary(module)
-    for attn in model.modules():
-        if hasattr(attn, "_masked_softmax"):
-            _softmax_in_input_dtype(attn)
+    for attn in _attention_bridges(model):
+        _softmax_in_input_dtype(attn)
     return model
 
 
@@ -566,3 +587,127 @@ def _float64_router(router: Any) -> Callable[[Tensor], tuple[Tensor, Tensor, Ten
         return logits, top, chosen
 
     return forward
+
+
+# --------------------------------------------------------------------------- fused attention
+def _plain_rotary_attention(attn: Any) -> bool:
+    """A rotary attention bridge with nothing but ``q/k/v → RoPE → softmax(qkᵀ·s + causal) v → o``
+    (Llama, Mistral, Qwen2, Phi-3, Mixtral, SmolLM2): no q/k norms, soft-cap, sinks, gated or
+    split queries, key multiplier, q/k/v clipping, query scaling, per-head results, adjacent-pair
+    or interleaved rotary, sliding window or dropout."""
+    from transformer_lens.model_bridge.generalized_components import (
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    if type(attn) is not PositionEmbeddingsAttentionBridge or attn.original_component is None:
+        return False
+    hf_attn, config = attn.original_component, attn.config
+    hf_config = getattr(hf_attn, "config", None)
+    rope = getattr(hf_config, "rope_parameters", None)
+    flags = ("use_split_qkv_input", "use_attn_in", "gated_q_proj", "use_attn_result")
+    return (
+        attn.is_causal
+        and not attn.is_cross_attention
+        and not any(getattr(config, flag, False) for flag in flags)
+        and not getattr(config, "rotary_interleaved_cos_sin", False)
+        and not getattr(config, "rotary_adjacent_pairs", False)
+        and "q_norm" not in attn.submodules
+        and "k_norm" not in attn.submodules
+        and "gate" not in attn._modules
+        and getattr(hf_attn, "attn_logit_softcapping", None) is None
+        and getattr(hf_attn, "sinks", None) is None
+        and getattr(hf_attn, "key_multiplier", None) is None
+        and getattr(hf_config, "clip_qkv", None) is None
+        and getattr(hf_attn, "sliding_window", None) is None
+        and not (isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None)
+        and float(getattr(hf_attn, "attention_dropout", 0.0) or 0.0) == 0.0
+        and type(attn)._pre_output_projection
+        is PositionEmbeddingsAttentionBridge._pre_output_projection
+    )
+
+
+def _only_causal(mask: Tensor | None, length: int) -> bool:
+    """``mask`` hides exactly the future keys (no padding): what ``is_causal`` computes."""
+    if mask is None:
+        return True
+    if mask.ndim == 2:  # padding mask [batch, key]
+        return bool(mask.bool().all()) if mask.dtype == torch.bool else bool((mask == 1).all())
+    if mask.ndim != 4 or mask.shape[-2:] != (length, length):
+        return False
+    hidden = ~mask if mask.dtype == torch.bool else mask < 0
+    future = torch.ones(length, length, dtype=torch.bool, device=mask.device).triu(1)
+    return bool((hidden == future).all())
+
+
+def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
+    """The attention bridge's forward with ``scaled_dot_product_attention`` when nothing
+    observes the scores or the pattern (no hook on ``hook_attn_scores``/``hook_pattern``), the
+    mask is causal only and there is no KV cache; otherwise the bridge's own forward.
+
+    The fast path's fused attention (:mod:`lens_attrib.fastpath`) brought to the bridge: the
+    bridge's forward makes ~8 passes over every ``[batch, head, query, key]`` tensor (scale, mask,
+    the compatibility softmax's ``isneginf``/``masked_fill`` pair, float32 round trip, NaN scrub)
+    and keeps several of them for the backward. ``hook_q/k/v`` (``q/k/v.hook_out``),
+    ``hook_rot_q/k``, ``hook_z`` (``o.hook_in``) and ``hook_out`` fire as in the bridge's forward,
+    with the same tensors; the output equals the eager one to float rounding.
+    """
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+        PositionEmbeddingsAttentionBridge,
+    )
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    from lens_attrib.backend import has_hooks
+
+    eager = PositionEmbeddingsAttentionBridge.forward.__get__(attn)
+    hf_attn = attn.original_component
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        position_embeddings = kwargs.get("position_embeddings")
+        cached = kwargs.get("past_key_values", kwargs.get("layer_past"))  # what the bridge reads
+        if (
+            not isinstance(hidden, Tensor)
+            or position_embeddings is None
+            or cached is not None
+            or attn.training
+            or has_hooks(attn.hook_attn_scores)
+            or has_hooks(attn.hook_pattern)
+            or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
+        ):
+            return eager(*args, **kwargs)
+        hidden = attn.hook_in(hidden)
+        shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
+        q = attn.q(hidden).view(shape).transpose(1, 2)
+        k = attn.k(hidden).view(shape).transpose(1, 2)
+        v = attn.v(hidden).view(shape).transpose(1, 2)
+        cos, sin = attn._apply_position_embedding_hooks(position_embeddings)
+        if cos.shape[-1] != hf_attn.head_dim:  # partial rotary: the bridge's own forward
+            return eager(*args, **kwargs)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if hasattr(attn, "hook_rot_q"):
+            q = attn.hook_rot_q(q)
+        if hasattr(attn, "hook_rot_k"):
+            k = attn.hook_rot_k(k)
+        groups = getattr(hf_attn, "num_key_value_groups", 1)
+        if groups > 1:
+            k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        scale = getattr(hf_attn, "scaling", hf_attn.head_dim**-0.5)
+        z = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        z = z.transpose(1, 2).reshape(*hidden.shape[:-1], -1)
+        return attn.hook_out(attn.o(z)), None
+
+    return forward
+
+
+@contextmanager
+def fused_attention(model: Any) -> Iterator[None]:
+    """For one call, every plain rotary attention bridge (:func:`_plain_rotary_attention`) takes
+    :func:`_fused_attention_forward`; restored on exit."""
+    patched = [m for m in _attention_bridges(model) if _plain_rotary_attention(m)]
+    try:
+        for attn in patched:  # in the instance dict: a bridge's setattr goes to the HF module
+            vars(attn)["forward"] = _fused_attention_forward(attn)
+        yield
+    finally:
+        for attn in patched:
+            attn.__dict__.pop("forward", None)
