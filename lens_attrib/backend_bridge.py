@@ -33,9 +33,25 @@ means something else on the bridge, this module maps it:
 - ``hook_resid_mid`` on the bridge is the MLP's input only (an edit there does not reach the
   residual stream): no method hooks it.
 
+- Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): transformers runs all experts as one
+  batched module with no hook inside; for each call :func:`expert_hooks` runs them one by one
+  through per-expert hook points with TransformerLens 3.9's names
+  (``blocks.L.mlp.experts.E.hook_gate/hook_pre/hook_post``), so the MoE relevance rule of
+  :mod:`lens_attrib.hooks.lrp` sees each expert's gate, up projection and product; the routing
+  weights are the router bridge's ``mlp.hook_expert_weights`` (renormalised top-k weights
+  scattered over the experts). Only transformers 5's fused expert layout is accepted
+  (:func:`experts_module`), anything else is a ModelError.
+- Gemma 2's post-norms (``ln1_post``, ``ln2_post``) are bridge components while the bridge's
+  config leaves ``use_normalization_before_and_after`` unset: :func:`arch_of` reads them from
+  the blocks, so that ALTI refuses them as on TransformerLens 3.9.
+- Attention speed: the rotary attention bridge always builds the ``[batch, head, query, key]``
+  scores and pattern (~8 passes, several kept for the backward). For each call
+  :func:`fused_attention` gives plain rotary attentions TransformerLens 3.9 fast path's fused
+  kernel (``scaled_dot_product_attention``) whenever nothing hooks the scores or the pattern
+  and the mask is causal only (:func:`_fused_attention_forward`).
+
 Not supported yet, each with a :class:`~lens_attrib.errors.ModelError` naming
-``backend="hooked"``: mixture-of-experts bridges (:func:`arch_of`; the MoE LRP rule hooks
-TransformerLens 3.9's expert modules) and a forward split at a block (:func:`block_forward`,
+``backend="hooked"``: a forward split at a block (:func:`block_forward`,
 :func:`residual_before`, :func:`residual_from`: value zeroing, frozen-prefix training). The
 logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward applies it after
 ``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked backend does.
@@ -44,8 +60,9 @@ Encoder bridges (BERT) are not supported yet: :func:`arch_of` raises, naming
 ``load_model(..., backend="hooked")`` under TransformerLens 3.9.
 
 A float64 bridge computes exactly in float64 only where Hugging Face and the bridge do:
-Llama-family rotary tables are float32 in transformers, and the rotary attention bridge takes its
-softmax in float32. :func:`exact_float64` makes both float64 (``load_model(...,
+Llama-family rotary tables are float32 in transformers, the rotary attention bridge takes its
+softmax in float32, mixture-of-experts routers their softmax, and transformers' grouped expert
+matmul refuses float64. :func:`exact_float64` makes all of them float64 (``load_model(...,
 backend="bridge")`` does this), as TransformerLens 3.9's loader does.
 """
 
@@ -390,8 +407,9 @@ def exact_float64(model: Any) -> Any:
     Norms take the bridge's own formula in the model's dtype (instead of Hugging Face's RMSNorm,
     which computes in float32), every rotary table is ``cos/sin(pos · base^(−2i/d))`` in
     float64 (transformers keeps ``inv_freq`` and the angles in float32: ≈ 3e-8 relative error),
-    and the rotary attention bridge's softmax keeps float64 (it asks for float32). Other dtypes:
-    norms only.
+    the rotary attention bridge's softmax keeps float64 (it asks for float32), and a mixture of
+    experts gets transformers' eager experts and float64 routers (:func:`_float64_moe`). Other
+    dtypes: norms only.
     """
     for norm in _norm_bridges(model):
         norm.use_native_layernorm_autograd = False
