@@ -195,11 +195,7 @@ def test_bridge_moe_lrp_conserves_without_biases(family, bridge_only_folders):
     assert float((plain.scores.sum(-1) - value).abs().max()) > 1e-6 * float(value.abs().max())
 
 
-HOOKED_SAMPLE = [
-    case
-    for case in ref.CASES
-    if case[2] in ({"heads": True}, {"trace_heads": True})
-]
+HOOKED_SAMPLE = [case for case in ref.CASES if case[2] in ({"heads": True}, {"trace_heads": True})]
 """Cases the 3.9 suite recomputes (AttnLRP head relevances and ALTI-Logit with traced heads on
 every family: the norm, attention, MLP and MoE paths of the backend)."""
 
