@@ -659,8 +659,9 @@ def _only_causal(mask: Tensor | None, length: int) -> bool:
 
 def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
     """The attention bridge's forward with ``scaled_dot_product_attention`` when nothing
-    observes the scores or the pattern (no hook on ``hook_attn_scores``/``hook_pattern``), the
-    mask is causal only and there is no KV cache; otherwise the bridge's own forward.
+    observes the scores or the pattern (no hook on ``hook_attn_scores``/``hook_pattern``) and
+    :func:`_lean_eager_attention` when something does, for a causal-only mask without KV cache;
+    otherwise (padding, cache, partial rotary) the bridge's own forward.
 
     The fast path's fused attention (:mod:`lens_attrib.fastpath`) brought to the bridge: the
     bridge's forward makes ~8 passes over every ``[batch, head, query, key]`` tensor (scale, mask,
@@ -688,11 +689,10 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
             or position_embeddings is None
             or cached is not None
             or attn.training
-            or has_hooks(attn.hook_attn_scores)
-            or has_hooks(attn.hook_pattern)
             or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
         ):
             return eager(*args, **kwargs)
+        observed = has_hooks(attn.hook_attn_scores) or has_hooks(attn.hook_pattern)
         hidden = attn.hook_in(hidden)
         shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
         q = attn.q(hidden).view(shape).transpose(1, 2)
@@ -710,18 +710,48 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
         if groups > 1:
             k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         scale = getattr(hf_attn, "scaling", hf_attn.head_dim**-0.5)
-        z = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        if not observed:
+            z = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale
+            )
+            pattern = None
+        else:  # the bridge's eager attention without the passes a causal-only mask needs not
+            z, pattern = _lean_eager_attention(attn, q, k, v, scale)
         z = z.transpose(1, 2).reshape(*hidden.shape[:-1], -1)
-        return attn.hook_out(attn.o(z)), None
+        return attn.hook_out(attn.o(z)), pattern
 
     return forward
+
+
+def _lean_eager_attention(
+    attn: Any, q: Tensor, k: Tensor, v: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """``softmax(q kᵀ·s, causal −inf) v`` with ``hook_attn_scores`` and ``hook_pattern`` firing
+    on what the bridge's eager forward gives them (to float rounding: float64 ≈ 3e-16), for a
+    causal-only mask: no query row is
+    fully masked, so the compatibility softmax's zeroing and the NaN scrub change nothing and are
+    left out, and the mask is filled in place. The softmax is in float32 as the bridge's (float64
+    where :func:`exact_float64` made it so), then cast to the queries' dtype."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    length = scores.shape[-1]
+    future = torch.ones(length, length, dtype=torch.bool, device=scores.device).triu(1)
+    hidden = -torch.inf if attn.compatibility_mode else torch.finfo(scores.dtype).min
+    scores = attn.hook_attn_scores(scores.masked_fill_(future, hidden))
+    keep = "_masked_softmax" in vars(attn) and scores.dtype == torch.float64  # exact_float64
+    probs = torch.softmax(scores, dim=-1, dtype=None if keep else torch.float32).to(q.dtype)
+    pattern = attn.hook_pattern(probs)
+    return torch.matmul(pattern, v), pattern
 
 
 @contextmanager
 def fused_attention(model: Any) -> Iterator[None]:
     """For one call, every plain rotary attention bridge (:func:`_plain_rotary_attention`) takes
     :func:`_fused_attention_forward`; restored on exit."""
-    patched = [m for m in _attention_bridges(model) if _plain_rotary_attention(m)]
+    patched = [
+        m
+        for m in _attention_bridges(model)
+        if "forward" not in vars(m) and _plain_rotary_attention(m)  # not already fused
+    ]
     try:
         for attn in patched:  # in the instance dict: a bridge's setattr goes to the HF module
             vars(attn)["forward"] = _fused_attention_forward(attn)
@@ -729,3 +759,15 @@ def fused_attention(model: Any) -> Iterator[None]:
     finally:
         for attn in patched:
             attn.__dict__.pop("forward", None)
+
+
+def enable_fused_attention(model: Any) -> Any:
+    """Give every plain rotary attention bridge of ``model`` :func:`_fused_attention_forward`
+    for good (``load_model(..., backend="bridge")`` does this, as it enables the fast path on a
+    HookedTransformer); returns ``model``. Each forward still checks its hooks, mask and cache
+    and falls back to the bridge's own forward; a user's own bridge gets it inside each call
+    only (:func:`call_context`)."""
+    for attn in _attention_bridges(model):
+        if "forward" not in vars(attn) and _plain_rotary_attention(attn):
+            vars(attn)["forward"] = _fused_attention_forward(attn)
+    return model

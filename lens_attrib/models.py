@@ -206,12 +206,14 @@ def load_bridge(
     processing) in ``dtype``; norms then compute in the model's dtype with live hooks, and in
     float64 the rotary tables and softmax are float64
     (:func:`lens_attrib.backend_bridge.exact_float64`), so that float64 outputs equal the
-    ``HookedTransformer``'s of the same weights. ``smollm2-135m``: the GGUF dequantized once by
-    transformers into a cached folder (:func:`smollm2_hf_folder`).
+    ``HookedTransformer``'s of the same weights; plain rotary attentions take the fused kernel
+    when nothing hooks their scores or pattern
+    (:func:`lens_attrib.backend_bridge.enable_fused_attention`). ``smollm2-135m``: the GGUF
+    dequantized once by transformers into a cached folder (:func:`smollm2_hf_folder`).
     """
     from transformers import AutoConfig
 
-    from lens_attrib.backend_bridge import exact_float64
+    from lens_attrib.backend_bridge import enable_fused_attention, exact_float64
 
     smollm2 = folder.lower() in SMOLLM2_NAMES
     path = smollm2_hf_folder(cache_dir) if smollm2 else Path(folder)
@@ -231,6 +233,7 @@ def load_bridge(
         str(path), device=str(torch.device(device or "cpu")), dtype=dtype
     )
     exact_float64(model)
+    enable_fused_attention(model)  # the fast path's fused attention (hooks checked per call)
     if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
         model.cfg.default_prepend_bos = False
         model.cfg.model_name = "SmolLM2-135M-Instruct"
