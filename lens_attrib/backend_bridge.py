@@ -675,8 +675,6 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
     )
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-    from lens_attrib.backend import has_hooks
-
     eager = PositionEmbeddingsAttentionBridge.forward.__get__(attn)
     hf_attn = attn.original_component
 
@@ -692,7 +690,7 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
             or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
         ):
             return eager(*args, **kwargs)
-        observed = has_hooks(attn.hook_attn_scores) or has_hooks(attn.hook_pattern)
+        observed = _observed(attn.hook_attn_scores) or _observed(attn.hook_pattern)
         hidden = attn.hook_in(hidden)
         shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
         q = attn.q(hidden).view(shape).transpose(1, 2)
@@ -721,6 +719,21 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
         return attn.hook_out(attn.o(z)), pattern
 
     return forward
+
+
+def _observed(point: nn.Module) -> bool:
+    """Whether a hook (own or global, forward or backward) would see ``point``'s tensor
+    (:func:`lens_attrib.backend.has_hooks`, not imported: ``backend`` imports this module)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(
+        point._forward_hooks
+        or point._forward_pre_hooks
+        or point._backward_hooks
+        or nn_module._global_forward_hooks
+        or nn_module._global_forward_pre_hooks
+        or nn_module._global_backward_hooks
+    )
 
 
 def _lean_eager_attention(
