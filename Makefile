@@ -34,8 +34,9 @@ lint: $(STAMP)
 # The other TransformerLens major: a second venv with TransformerLens 4.3 (TransformerBridge; its
 # own transformers requirement), the package installed without its TL 3.9 pin, and the
 # backend-parametrised tests, which compare the bridge backend with the committed 3.9 reference
-# (decoders, BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2),
-# and the official LXT/Captum fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input; IG's 50-step
+# (decoders: GPT-2, Llama, NeoX; Gemma, Gemma 2, Phi-3, Mixtral, Qwen2/3, Mistral; Qwen2/3-MoE;
+# BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2), and the official LXT/Captum
+# fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input; IG's 50-step
 # cases stay in the 3.9 suite for time).
 TL4_VENV ?= .venv-tl4
 TL4_PY := $(TL4_VENV)/bin/python
@@ -54,5 +55,5 @@ $(TL4_STAMP): pyproject.toml Makefile
 
 test-tl4: $(TL4_STAMP)
 	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
-		tests/test_backends.py tests/test_lxt_captum_official.py \
+		tests/test_backends.py tests/test_bridge_architectures.py tests/test_lxt_captum_official.py \
 		--deselect tests/test_lxt_captum_official.py::test_integrated_gradients_equals_captum

@@ -50,14 +50,17 @@ def _snapshot(model: nn.Module) -> _Snapshot:
     params = dict(model.named_parameters())
     hook_keys: dict[str, dict[str, set[int]]] = {}
     handles: dict[str, tuple[int, int]] = {}
-    for name, module in model.named_modules():
+    training: dict[str, bool] = {}
+    for name, module in model.named_modules():  # one walk (a bridge's tree is large)
+        training[name] = module.training
         hook_keys[name] = {
             attr: set(getattr(module, attr).keys()) for attr in _HOOK_DICTS if hasattr(module, attr)
         }
-        if hasattr(module, "fwd_hooks") and hasattr(module, "bwd_hooks"):
+        state = vars(module)  # not hasattr: a TransformerBridge component's __getattr__ is slow
+        if "fwd_hooks" in state and "bwd_hooks" in state:
             handles[name] = (len(module.fwd_hooks), len(module.bwd_hooks))
     return _Snapshot(
-        training={name: m.training for name, m in model.named_modules()},
+        training=training,
         requires_grad={n: p.requires_grad for n, p in params.items()},
         grads={n: p.grad for n, p in params.items()},
         dtypes={n: p.dtype for n, p in params.items()},
@@ -88,7 +91,7 @@ def _restore(model: nn.Module, snap: _Snapshot) -> None:
                 if key not in before.get(attr, set()):
                     del hooks[key]
     for name, module in modules.items():
-        if name in snap.training:
+        if name in snap.training and module.training != snap.training[name]:
             module.training = snap.training[name]
     for name, param in model.named_parameters():
         if param.dtype != snap.dtypes[name] or param.device != snap.devices[name]:
@@ -109,8 +112,8 @@ def model_guard(model: nn.Module, *, eval_mode: bool = True) -> Iterator[nn.Modu
     try:
         for param in model.parameters():
             param.requires_grad_(False)
-        if eval_mode:
-            model.eval()
+        if eval_mode and any(snap.training.values()):  # eval() walks every module (slow on
+            model.eval()  # a TransformerBridge, whose module tree holds Hugging Face's twice)
         with call_context(model):  # a backend's per-call settings (TransformerBridge norms)
             yield model
     finally:

@@ -129,6 +129,11 @@ def _moe_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
       gradient scaled by 1/2 at ``hook_expert_weights``; the softmax, top-k and renormalisation
       keep their plain gradient, as in LXT), half to the expert, where the uniform rule on
       ``φ(gate) ⊙ up`` halves it again (identity rule through ``φ``).
+
+    A shared expert gated by a sigmoid (Qwen2-MoE on the TransformerBridge:
+    ``+ σ(x w_s) · shared(x)``) takes the same rules: ``σ(x w_s)`` as a routing weight (detached
+    at ``shared_expert_gate.hook_out`` / gradient halved there, the sigmoid keeping its plain
+    gradient), ``shared`` as an expert.
     """
     store: dict[tuple[int, int], dict[str, Tensor]] = {}
     share = 1.0 if variant == "lrp" else 0.5  # of the expert in w_e · expert_e(x)
@@ -148,16 +153,26 @@ def _moe_hooks(model: Any, variant: str, identity_eps: float) -> list[tuple[str,
         saved = store.pop((layer, expert))
         gate, up = saved["gate"], saved["up"]
         with torch.no_grad():
-            act = model.blocks[layer].mlp.experts[expert].act_fn(gate)
+            act = mlp_activation(model, layer)(gate)  # the experts share one activation
         if variant == "lrp":
             return linearized(post, (up, act))
         with torch.no_grad():
             m_gate = 0.5 * share * up * safe_ratio(act, gate + identity_eps)
         return linearized(post, (gate, m_gate), (up, 0.5 * share * act))
 
+    names = set(model.hook_dict)
     for layer in range(model.cfg.n_layers):
         router = f"blocks.{layer}.mlp.hook_expert_weights"
         hooks.append((router, _detach if variant == "lrp" else _grad_scaler(0.5)))
+        shared = f"blocks.{layer}.mlp.shared_expert"
+        if f"{shared}.hook_post" in names:  # Qwen2-MoE: + σ(x w_s) · shared_expert(x)
+            # the sigmoid gate as the routing weight (detached / half of the relevance with
+            # its plain gradient), the shared expert as a routed one (key -1)
+            gate_logit = f"blocks.{layer}.mlp.shared_expert_gate.hook_out"
+            hooks.append((gate_logit, _detach if variant == "lrp" else _grad_scaler(0.5)))
+            hooks.append((f"{shared}.hook_pre", keep(layer, -1, "gate")))
+            hooks.append((f"{shared}.hook_pre_linear", keep(layer, -1, "up")))
+            hooks.append((f"{shared}.hook_post", post_hook(layer, -1)))
         for expert in range(model.cfg.num_experts):
             prefix = f"blocks.{layer}.mlp.experts.{expert}"
             hooks.append((f"{prefix}.hook_gate", keep(layer, expert, "gate")))

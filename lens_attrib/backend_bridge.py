@@ -33,12 +33,25 @@ means something else on the bridge, this module maps it:
   the attention's compatibility masking (``−inf``, fully masked rows zeroed) for each call.
 - ``hook_resid_mid`` on the bridge is the MLP's input only (an edit there does not reach the
   residual stream): no method hooks it.
+- Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): transformers runs all experts as one
+  batched module with no hook inside; for each call :func:`expert_hooks` runs them one by one
+  through per-expert hook points with TransformerLens 3.9's names
+  (``blocks.L.mlp.experts.E.hook_gate/hook_pre/hook_post``), so the MoE relevance rule of
+  :mod:`lens_attrib.hooks.lrp` sees each expert's gate, up projection and product; the routing
+  weights are the router bridge's ``mlp.hook_expert_weights`` (renormalised top-k weights
+  scattered over the experts). Only transformers 5's fused expert layout is accepted
+  (:func:`experts_module`), anything else is a ModelError.
+- Gemma 2's post-norms (``ln1_post``, ``ln2_post``) are bridge components while the bridge's
+  config leaves ``use_normalization_before_and_after`` unset: :func:`arch_of` reads them from
+  the blocks, so that ALTI refuses them as on TransformerLens 3.9.
+- Attention speed: the rotary attention bridge always builds the ``[batch, head, query, key]``
+  scores and pattern (~8 passes, several kept for the backward). For each call
+  :func:`fused_attention` gives plain rotary attentions TransformerLens 3.9 fast path's fused
+  kernel (``scaled_dot_product_attention``) whenever nothing hooks the scores or the pattern
+  and the mask is causal only (:func:`_fused_attention_forward`).
 
-Not supported yet, with a :class:`~lens_attrib.errors.ModelError` naming ``backend="hooked"``:
-mixture-of-experts bridges (:func:`arch_of`; the MoE LRP rule hooks TransformerLens 3.9's expert
-modules). The logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward
-applies it after ``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked
-backend does.
+The logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward applies it
+after ``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked backend does.
 
 A forward split at a block (:func:`block_forward`, :func:`residual_before`,
 :func:`residual_from`: value zeroing, frozen-prefix training) calls the block modules directly
@@ -60,8 +73,9 @@ drops ``[CLS] … [SEP]`` (:func:`use_tokenizer`). Other encoders (RoBERTa, …)
 ``backend="hooked"``.
 
 A float64 bridge computes exactly in float64 only where Hugging Face and the bridge do:
-Llama-family rotary tables are float32 in transformers, and the rotary attention bridge takes its
-softmax in float32. :func:`exact_float64` makes both float64 (``load_model(...,
+Llama-family rotary tables are float32 in transformers, the rotary attention bridge takes its
+softmax in float32, mixture-of-experts routers their softmax, and transformers' grouped expert
+matmul refuses float64. :func:`exact_float64` makes all of them float64 (``load_model(...,
 backend="bridge")`` does this), as TransformerLens 3.9's loader does.
 """
 
@@ -71,6 +85,7 @@ import dataclasses
 import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -95,15 +110,14 @@ def arch_of(model: Any) -> Arch:
     :func:`encoder_arch`)."""
     if is_encoder(model):
         return encoder_arch(model)
-    cfg = model.cfg
-    if getattr(cfg, "num_experts", None):
-        raise ModelError(
-            f"TransformerBridge around {type(model.original_model).__name__}: mixture-of-experts "
-            "bridges are not supported (the MoE relevance rule hooks TransformerLens 3.9's "
-            "expert modules). Load this model under TransformerLens 3.9 with "
-            "load_model(folder, backend='hooked')."
-        )
-    return arch_from_config(model, encoder=False, backend="bridge")
+    if getattr(model.cfg, "num_experts", None):
+        for layer in moe_layers(model):
+            experts_module(model, layer)  # refuses an expert layout the hooks cannot follow
+    arch = arch_from_config(model, encoder=False, backend="bridge")
+    # Gemma 2's post-norms (ln1_post, ln2_post) are bridge components; the bridge's config
+    # leaves use_normalization_before_and_after unset
+    post_norms = any(hasattr(blk, "ln1_post") or hasattr(blk, "ln2_post") for blk in model.blocks)
+    return replace(arch, post_norms=arch.post_norms or post_norms)
 
 
 def layer_norm_activation(model: Any) -> bool:
@@ -409,7 +423,9 @@ def norm_params(module: nn.Module) -> tuple[bool, Tensor | None, Tensor | None, 
 
 def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
     """The Hugging Face MLP's activation module (``act_fn`` or ``act``; BERT's
-    ``intermediate.intermediate_act_fn``)."""
+    ``intermediate.intermediate_act_fn``; a mixture of experts: the experts' one ``act_fn``)."""
+    if getattr(model.cfg, "num_experts", None) and layer in moe_layers(model):
+        return cast("Callable[[Tensor], Tensor]", experts_module(model, layer).act_fn)
     mlp = model.blocks[layer].mlp
     bert_layer = model.blocks[layer].original_component
     owners = (mlp, mlp.original_component, getattr(bert_layer, "intermediate", None))
@@ -425,7 +441,30 @@ def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
 
 # --------------------------------------------------------------------------- per-call settings
 def _norm_bridges(model: nn.Module) -> list[Any]:
-    return [m for m in model.modules() if hasattr(m, "use_native_layernorm_autograd")]
+    return [m for m in model.modules() if "use_native_layernorm_autograd" in vars(m)]
+
+
+def _attention_bridges(model: nn.Module) -> list[Any]:
+    """Modules with the bridge's attention softmax (told by class: a bridge component's
+    ``__getattr__`` fallback makes ``hasattr`` on instances slow)."""
+    return [m for m in model.modules() if hasattr(type(m), "_masked_softmax")]
+
+
+def _norm_and_attention_bridges(model: nn.Module) -> tuple[list[Any], list[Any]]:
+    """:func:`_norm_bridges` and :func:`_attention_bridges` in one walk of the module tree."""
+    norms, attns = [], []
+    for module in model.modules():
+        if "use_native_layernorm_autograd" in vars(module):
+            norms.append(module)
+        elif hasattr(type(module), "_masked_softmax"):
+            attns.append(module)
+    return norms, attns
+
+
+def _set_if_changed(module: Any, flag: str, value: Any) -> None:
+    """Set an attribute only when it differs (``nn.Module.__setattr__`` is slow on bridges)."""
+    if getattr(module, flag) != value:
+        setattr(module, flag, value)
 
 
 @contextmanager
@@ -441,17 +480,16 @@ def call_context(model: Any) -> Iterator[None]:
     TransformerLens 3.9's ``HookedEncoder`` hook names (:func:`encoder_hook_names`).
     """
     encoder_names = encoder_hook_names(model) if is_encoder(model) else None
-    norms = _norm_bridges(model)
+    norms, attns = _norm_and_attention_bridges(model)
     before = [n.use_native_layernorm_autograd for n in norms]
-    attns = [m for m in model.modules() if hasattr(m, "_masked_softmax")]
     compat = [m.compatibility_mode for m in attns]
     silent_rotary = [m for m in attns if _rotary_hooks_silent(m)]
     folding = getattr(model.cfg, "layer_norm_folding", False)
     try:
         for norm in norms:
-            norm.use_native_layernorm_autograd = False
+            _set_if_changed(norm, "use_native_layernorm_autograd", False)
         for attn in attns:  # -inf masks; fully masked (left-pad) query rows give a 0 pattern
-            attn.compatibility_mode = True
+            _set_if_changed(attn, "compatibility_mode", True)
         for attn in silent_rotary:
             attn._apply_rotary_pos_emb = _rotary_firing_hooks(attn)
         if folding:  # a folding flag also routes norms to the native path
@@ -461,14 +499,15 @@ def call_context(model: Any) -> Iterator[None]:
             with live_patterns(model):
                 yield
         else:
-            yield
+            with expert_hooks(model), fused_attention(model):  # per-expert hooks; fused attention
+                yield
     finally:
         if encoder_names:
             model.__dict__.pop("_add_aliases_to_hooks", None)
         for norm, value in zip(norms, before):
-            norm.use_native_layernorm_autograd = value
+            _set_if_changed(norm, "use_native_layernorm_autograd", value)
         for attn, value in zip(attns, compat):
-            attn.compatibility_mode = value
+            _set_if_changed(attn, "compatibility_mode", value)
         for attn in silent_rotary:
             attn.__dict__.pop("_apply_rotary_pos_emb", None)
         if folding:
@@ -500,19 +539,20 @@ def exact_float64(model: Any) -> Any:
     Norms take the bridge's own formula in the model's dtype (instead of Hugging Face's RMSNorm,
     which computes in float32), every rotary table is ``cos/sin(pos · base^(−2i/d))`` in
     float64 (transformers keeps ``inv_freq`` and the angles in float32: ≈ 3e-8 relative error),
-    and the rotary attention bridge's softmax keeps float64 (it asks for float32). Other dtypes:
-    norms only.
+    the rotary attention bridge's softmax keeps float64 (it asks for float32), and a mixture of
+    experts gets transformers' eager experts and float64 routers (:func:`_float64_moe`). Other
+    dtypes: norms only.
     """
     for norm in _norm_bridges(model):
         norm.use_native_layernorm_autograd = False
     if next(model.parameters()).dtype != torch.float64:
         return model
+    _float64_moe(model)
     for module in model.original_model.modules():
         if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "inv_freq"):
             _float64_rotary(module)
-    for attn in model.modules():
-        if hasattr(attn, "_masked_softmax"):
-            _softmax_in_input_dtype(attn)
+    for attn in _attention_bridges(model):
+        _softmax_in_input_dtype(attn)
     return model
 
 
@@ -793,4 +833,332 @@ def use_tokenizer(model: Any, tokenizer: Any) -> Any:
     (``load_model(folder, backend="bridge")`` sets it with this function).
     """
     model._tokenizer = tokenizer
+
+
+# --------------------------------------------------------------------------- mixture of experts
+EXPERT_HOOKS = ("hook_gate", "hook_pre", "hook_post")
+"""Per-expert hook points a call gives a mixture-of-experts bridge, named as TransformerLens
+3.9's expert modules: ``blocks.L.mlp.experts.E.hook_gate`` (gate projection ``x W_gate``),
+``.hook_pre`` (up projection ``x W_in``), ``.hook_post`` (``φ(gate) ⊙ up``)."""
+
+
+def _unwrapped(module: Any) -> Any:
+    """The Hugging Face module under bridge wrappers (``original_component`` chains)."""
+    while isinstance(getattr(module, "original_component", None), nn.Module):
+        module = module.original_component
+    return module
+
+
+def moe_layers(model: Any) -> list[int]:
+    """The layers whose MLP is a sparse mixture of experts (a ``MoEBridge``, not a dense layer
+    of an interleaved stack)."""
+    return [
+        layer
+        for layer, blk in enumerate(model.blocks)
+        if any(cls.__name__ == "MoEBridge" for cls in type(blk.mlp).__mro__)
+        and not getattr(blk.mlp, "bound_dense", False)
+    ]
+
+
+def experts_module(model: Any, layer: int) -> Any:
+    """The Hugging Face experts of MoE layer ``layer`` in transformers 5's fused layout
+    (Mixtral, Qwen2-MoE, Qwen3-MoE): ``gate_up_proj [E, 2·d_mlp, d_model]``, ``down_proj
+    [E, d_model, d_mlp]``, no biases, one ``act_fn``; any other layout is a :class:`ModelError`
+    (the expert hooks would not see what the experts compute)."""
+    block = _unwrapped(model.blocks[layer].mlp)
+    experts = _unwrapped(getattr(block, "experts", None))
+    gate_up = getattr(experts, "gate_up_proj", None)
+    down = getattr(experts, "down_proj", None)
+    fused = (
+        isinstance(gate_up, Tensor)
+        and isinstance(down, Tensor)
+        and gate_up.ndim == 3
+        and down.ndim == 3
+        and gate_up.shape[0] == down.shape[0]
+        and gate_up.shape[1] == 2 * down.shape[2]
+        and gate_up.shape[2] == down.shape[1]
+        and not getattr(experts, "is_transposed", False)
+        and not any("bias" in name for name, _ in experts.named_parameters())
+        and callable(getattr(experts, "act_fn", None))
+    )
+    if not fused:
+        raise ModelError(
+            f"TransformerBridge around {type(model.original_model).__name__}: the experts of "
+            f"blocks.{layer}.mlp ({type(experts).__name__}) are not in the fused layout the "
+            "bridge backend hooks (Mixtral, Qwen2-MoE, Qwen3-MoE: gate_up_proj and down_proj "
+            "without biases). Mixtral also loads under TransformerLens 3.9 with "
+            "load_model(folder, backend='hooked')."
+        )
+    return experts
+
+
+def _hooked_experts_forward(experts: Any, points: list[tuple[Any, Any, Any]]) -> Callable[..., Any]:
+    """The experts' forward one expert at a time through its hook points: for expert ``e`` and
+    the rows routed to it, ``w_e · W_down,e(φ(hook_gate(x W_gate,e)) ⊙ hook_pre(x W_in,e))``
+    with ``hook_post`` on the product, summed in expert order (as TransformerLens 3.9's MoE and
+    transformers' eager experts)."""
+
+    def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        out = torch.zeros_like(hidden_states)
+        for expert, (gate_point, up_point, post_point) in enumerate(points):
+            token, slot = torch.where(top_k_index == expert)
+            fused = torch.nn.functional.linear(hidden_states[token], experts.gate_up_proj[expert])
+            gate, up = fused.chunk(2, dim=-1)
+            post = post_point(experts.act_fn(gate_point(gate)) * up_point(up))
+            rows = torch.nn.functional.linear(post, experts.down_proj[expert])
+            out = out.index_add(0, token, (rows * top_k_weights[token, slot, None]).to(out.dtype))
+        return out
+
+    return forward
+
+
+@contextmanager
+def expert_hooks(model: Any) -> Iterator[None]:
+    """For one call, every MoE layer's experts run through per-expert hook points
+    (:data:`EXPERT_HOOKS`, in the bridge's hook registry for the call only), so that the MoE
+    relevance rule (:mod:`lens_attrib.hooks.lrp`) finds TransformerLens 3.9's expert hooks;
+    the routing weights are the router bridge's ``mlp.hook_expert_weights``."""
+    if not getattr(model.cfg, "num_experts", None):
+        yield
+        return
+    from transformer_lens.hook_points import HookPoint
+
+    registry = model._hook_registry
+    added: list[str] = []
+    patched: list[Any] = []
+    try:
+        for layer in moe_layers(model):
+            experts = experts_module(model, layer)
+            points = []
+            for expert in range(experts.gate_up_proj.shape[0]):
+                trio = []
+                for kind in EXPERT_HOOKS:
+                    name = f"blocks.{layer}.mlp.experts.{expert}.{kind}"
+                    point = HookPoint()
+                    point.name = name
+                    registry[name] = point
+                    added.append(name)
+                    trio.append(point)
+                points.append((trio[0], trio[1], trio[2]))
+            experts.forward = _hooked_experts_forward(experts, points)
+            patched.append(experts)
+        yield
+    finally:
+        for name in added:
+            registry.pop(name, None)
+        for experts in patched:
+            experts.__dict__.pop("forward", None)
+
+
+def _float64_moe(model: Any) -> None:
+    """A float64 MoE bridge: transformers' eager experts (its grouped matmul takes no float64)
+    and every router's softmax, top-k and renormalisation in float64 (transformers computes the
+    softmax in float32: ≈ 1e-8 relative error in the routing weights)."""
+    if not getattr(model.cfg, "num_experts", None):
+        return
+    if hasattr(model.original_model, "set_experts_implementation"):
+        model.original_model.set_experts_implementation("eager")
+    for layer in moe_layers(model):
+        experts_module(model, layer)
+        router = _unwrapped(getattr(_unwrapped(model.blocks[layer].mlp), "gate", None))
+        if not all(hasattr(router, a) for a in ("weight", "top_k", "hidden_dim")):
+            raise ModelError(
+                f"exact_float64: the router of blocks.{layer}.mlp ({type(router).__name__}) is "
+                "not a top-k softmax router this backend recomputes in float64."
+            )
+        router.forward = _float64_router(router)
+
+
+def _float64_router(router: Any) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """``softmax(x W_router)``, its top-``k`` and (Mixtral; Qwen when ``norm_topk_prob``) the
+    weights renormalised to sum 1, all in the input's dtype: ``(logits, weights, indices)``."""
+    renormalise = bool(getattr(router, "norm_topk_prob", True))
+
+    def forward(hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows = hidden_states.reshape(-1, router.hidden_dim)
+        logits = torch.nn.functional.linear(rows, router.weight, getattr(router, "bias", None))
+        top, chosen = torch.topk(torch.softmax(logits, dim=-1), router.top_k, dim=-1)
+        if renormalise:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top, chosen
+
+    return forward
+
+
+# --------------------------------------------------------------------------- fused attention
+def _plain_rotary_attention(attn: Any) -> bool:
+    """A rotary attention bridge with nothing but ``q/k/v → RoPE → softmax(qkᵀ·s + causal) v → o``
+    (Llama, Mistral, Qwen2, Phi-3, Mixtral, SmolLM2): no q/k norms, soft-cap, sinks, gated or
+    split queries, key multiplier, q/k/v clipping, query scaling, per-head results, adjacent-pair
+    or interleaved rotary, sliding window or dropout."""
+    from transformer_lens.model_bridge.generalized_components import (
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    if type(attn) is not PositionEmbeddingsAttentionBridge or attn.original_component is None:
+        return False
+    hf_attn, config = attn.original_component, attn.config
+    hf_config = getattr(hf_attn, "config", None)
+    rope = getattr(hf_config, "rope_parameters", None)
+    flags = ("use_split_qkv_input", "use_attn_in", "gated_q_proj", "use_attn_result")
+    return (
+        attn.is_causal
+        and not attn.is_cross_attention
+        and not any(getattr(config, flag, False) for flag in flags)
+        and not getattr(config, "rotary_interleaved_cos_sin", False)
+        and not getattr(config, "rotary_adjacent_pairs", False)
+        and "q_norm" not in attn.submodules
+        and "k_norm" not in attn.submodules
+        and "gate" not in attn._modules
+        and getattr(hf_attn, "attn_logit_softcapping", None) is None
+        and getattr(hf_attn, "sinks", None) is None
+        and getattr(hf_attn, "key_multiplier", None) is None
+        and getattr(hf_config, "clip_qkv", None) is None
+        and getattr(hf_attn, "sliding_window", None) is None
+        and not (isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None)
+        and float(getattr(hf_attn, "attention_dropout", 0.0) or 0.0) == 0.0
+        and type(attn)._pre_output_projection
+        is PositionEmbeddingsAttentionBridge._pre_output_projection
+    )
+
+
+def _only_causal(mask: Tensor | None, length: int) -> bool:
+    """``mask`` hides exactly the future keys (no padding): what ``is_causal`` computes."""
+    if mask is None:
+        return True
+    if mask.ndim == 2:  # padding mask [batch, key]
+        return bool(mask.bool().all()) if mask.dtype == torch.bool else bool((mask == 1).all())
+    if mask.ndim != 4 or mask.shape[-2:] != (length, length):
+        return False
+    hidden = ~mask if mask.dtype == torch.bool else mask < 0
+    future = torch.ones(length, length, dtype=torch.bool, device=mask.device).triu(1)
+    return bool((hidden == future).all())
+
+
+def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
+    """The attention bridge's forward with ``scaled_dot_product_attention`` when nothing
+    observes the scores or the pattern (no hook on ``hook_attn_scores``/``hook_pattern``) and
+    :func:`_lean_eager_attention` when something does, for a causal-only mask without KV cache;
+    otherwise (padding, cache, partial rotary) the bridge's own forward.
+
+    The fast path's fused attention (:mod:`lens_attrib.fastpath`) brought to the bridge: the
+    bridge's forward makes ~8 passes over every ``[batch, head, query, key]`` tensor (scale, mask,
+    the compatibility softmax's ``isneginf``/``masked_fill`` pair, float32 round trip, NaN scrub)
+    and keeps several of them for the backward. ``hook_q/k/v`` (``q/k/v.hook_out``),
+    ``hook_rot_q/k``, ``hook_z`` (``o.hook_in``) and ``hook_out`` fire as in the bridge's forward,
+    with the same tensors; the output equals the eager one to float rounding.
+    """
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+        PositionEmbeddingsAttentionBridge,
+    )
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    eager = PositionEmbeddingsAttentionBridge.forward.__get__(attn)
+    hf_attn = attn.original_component
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        position_embeddings = kwargs.get("position_embeddings")
+        cached = kwargs.get("past_key_values", kwargs.get("layer_past"))  # what the bridge reads
+        if (
+            not isinstance(hidden, Tensor)
+            or position_embeddings is None
+            or cached is not None
+            or attn.training
+            or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
+        ):
+            return eager(*args, **kwargs)
+        observed = _observed(attn.hook_attn_scores) or _observed(attn.hook_pattern)
+        hidden = attn.hook_in(hidden)
+        shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
+        q = attn.q(hidden).view(shape).transpose(1, 2)
+        k = attn.k(hidden).view(shape).transpose(1, 2)
+        v = attn.v(hidden).view(shape).transpose(1, 2)
+        cos, sin = attn._apply_position_embedding_hooks(position_embeddings)
+        if cos.shape[-1] != hf_attn.head_dim:  # partial rotary: the bridge's own forward
+            return eager(*args, **kwargs)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if hasattr(attn, "hook_rot_q"):
+            q = attn.hook_rot_q(q)
+        if hasattr(attn, "hook_rot_k"):
+            k = attn.hook_rot_k(k)
+        groups = getattr(hf_attn, "num_key_value_groups", 1)
+        if groups > 1:
+            k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        scale = getattr(hf_attn, "scaling", hf_attn.head_dim**-0.5)
+        if not observed:
+            z = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale
+            )
+            pattern = None
+        else:  # the bridge's eager attention without the passes a causal-only mask needs not
+            z, pattern = _lean_eager_attention(attn, q, k, v, scale)
+        z = z.transpose(1, 2).reshape(*hidden.shape[:-1], -1)
+        return attn.hook_out(attn.o(z)), pattern
+
+    return forward
+
+
+def _observed(point: nn.Module) -> bool:
+    """Whether a hook (own or global, forward or backward) would see ``point``'s tensor
+    (:func:`lens_attrib.backend.has_hooks`, not imported: ``backend`` imports this module)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(
+        point._forward_hooks
+        or point._forward_pre_hooks
+        or point._backward_hooks
+        or nn_module._global_forward_hooks
+        or nn_module._global_forward_pre_hooks
+        or nn_module._global_backward_hooks
+    )
+
+
+def _lean_eager_attention(
+    attn: Any, q: Tensor, k: Tensor, v: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """``softmax(q kᵀ·s, causal −inf) v`` with ``hook_attn_scores`` and ``hook_pattern`` firing
+    on what the bridge's eager forward gives them (to float rounding: float64 ≈ 3e-16), for a
+    causal-only mask: no query row is
+    fully masked, so the compatibility softmax's zeroing and the NaN scrub change nothing and are
+    left out, and the mask is filled in place. The softmax is in float32 as the bridge's (float64
+    where :func:`exact_float64` made it so), then cast to the queries' dtype."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    length = scores.shape[-1]
+    future = torch.ones(length, length, dtype=torch.bool, device=scores.device).triu(1)
+    hidden = -torch.inf if attn.compatibility_mode else torch.finfo(scores.dtype).min
+    scores = attn.hook_attn_scores(scores.masked_fill_(future, hidden))
+    keep = "_masked_softmax" in vars(attn) and scores.dtype == torch.float64  # exact_float64
+    probs = torch.softmax(scores, dim=-1, dtype=None if keep else torch.float32).to(q.dtype)
+    pattern = attn.hook_pattern(probs)
+    return torch.matmul(pattern, v), pattern
+
+
+@contextmanager
+def fused_attention(model: Any) -> Iterator[None]:
+    """For one call, every plain rotary attention bridge (:func:`_plain_rotary_attention`) takes
+    :func:`_fused_attention_forward`; restored on exit."""
+    patched = [
+        m
+        for m in _attention_bridges(model)
+        if "forward" not in vars(m) and _plain_rotary_attention(m)  # not already fused
+    ]
+    try:
+        for attn in patched:  # in the instance dict: a bridge's setattr goes to the HF module
+            vars(attn)["forward"] = _fused_attention_forward(attn)
+        yield
+    finally:
+        for attn in patched:
+            attn.__dict__.pop("forward", None)
+
+
+def enable_fused_attention(model: Any) -> Any:
+    """Give every plain rotary attention bridge of ``model`` :func:`_fused_attention_forward`
+    for good (``load_model(..., backend="bridge")`` does this, as it enables the fast path on a
+    HookedTransformer); returns ``model``. Each forward still checks its hooks, mask and cache
+    and falls back to the bridge's own forward; a user's own bridge gets it inside each call
+    only (:func:`call_context`)."""
+    for attn in _attention_bridges(model):
+        if "forward" not in vars(attn) and _plain_rotary_attention(attn):
+            vars(attn)["forward"] = _fused_attention_forward(attn)
     return model

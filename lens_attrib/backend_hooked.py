@@ -249,8 +249,10 @@ def norm_params(module: nn.Module) -> tuple[bool, Tensor | None, Tensor | None, 
 
 
 def mlp_activation(model: Any, layer: int) -> Any:
-    """``blocks[layer].mlp.act_fn``."""
-    return model.blocks[layer].mlp.act_fn
+    """``blocks[layer].mlp.act_fn`` (a mixture of experts: its experts' one ``act_fn``)."""
+    mlp = model.blocks[layer].mlp
+    experts = getattr(mlp, "experts", None)
+    return experts[0].act_fn if experts is not None else mlp.act_fn
 
 
 def layer_norm_activation(model: Any) -> bool:

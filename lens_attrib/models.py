@@ -207,12 +207,14 @@ def load_bridge(
     processing) in ``dtype``; norms then compute in the model's dtype with live hooks, and in
     float64 the rotary tables and softmax are float64
     (:func:`lens_attrib.backend_bridge.exact_float64`), so that float64 outputs equal the
-    ``HookedTransformer``'s of the same weights. ``smollm2-135m``: the GGUF dequantized once by
-    transformers into a cached folder (:func:`smollm2_hf_folder`).
+    ``HookedTransformer``'s of the same weights; plain rotary attentions take the fused kernel
+    when nothing hooks their scores or pattern
+    (:func:`lens_attrib.backend_bridge.enable_fused_attention`). ``smollm2-135m``: the GGUF
+    dequantized once by transformers into a cached folder (:func:`smollm2_hf_folder`).
     """
     from transformers import AutoConfig
 
-    from lens_attrib.backend_bridge import exact_float64, use_tokenizer
+    from lens_attrib.backend_bridge import enable_fused_attention, exact_float64, use_tokenizer
 
     smollm2 = folder.lower() in SMOLLM2_NAMES
     minilm = folder.lower() in MINILM_NAMES
@@ -231,6 +233,8 @@ def load_bridge(
     exact_float64(model)
     if encoder_kind(model.original_model.config) is not None:  # [CLS] … [SEP] kept
         use_tokenizer(model, folder_tokenizer(path))
+    else:
+        enable_fused_attention(model)  # the fast path's fused attention (hooks checked per call)
     if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
         model.cfg.default_prepend_bos = False
         model.cfg.model_name = "SmolLM2-135M-Instruct"

@@ -247,6 +247,10 @@ HF_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "Qwen2MoeConfig",
         {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24},
     ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "head_dim": 8},
+    ),
 }
 """Family → transformers config class and its settings beyond :data:`HF_SIZES` (sliding windows
 of 3 tokens where the family has one, so that short prompts cross them)."""

@@ -45,7 +45,8 @@ def float64_throughout(hf_model: Any) -> Any:
       variant with gain ``1 + w``;
     - rotary tables: ``cos/sin(pos · base^(−2i/d))`` computed in float64;
     - Gemma's embedding scale (a float32 buffer ``√d``): ``√d`` in float64;
-    - the mixture-of-experts router (``softmax(logits.float())``): softmax in float64.
+    - the mixture-of-experts router (``softmax(logits.float())``): softmax in float64 (top-k
+      weights renormalised where the router does: Mixtral, Qwen-MoE with ``norm_topk_prob``).
 
     Eager attention's ``softmax(..., dtype=float32)`` (Gemma 2) is handled at call time by
     :func:`softmax_keeps_float64`.
@@ -83,7 +84,9 @@ def float64_throughout(hf_model: Any) -> Any:
                 x = x.reshape(-1, router.hidden_dim)
                 logits = torch.nn.functional.linear(x, router.weight)
                 top, idx = torch.topk(torch.softmax(logits, dim=-1), router.top_k, dim=-1)
-                return logits, top / top.sum(dim=-1, keepdim=True), idx
+                if getattr(router, "norm_topk_prob", True):  # Mixtral always; Qwen-MoE: config
+                    top = top / top.sum(dim=-1, keepdim=True)
+                return logits, top, idx
 
             module.forward = route
     return hf_model

@@ -453,6 +453,21 @@ def _weights_version(model: Any) -> tuple[tuple[int, int], ...]:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+_SIGNATURES: weakref.WeakKeyDictionary[Any, tuple[Any, list[str]]] = weakref.WeakKeyDictionary()
+
+
+def _processing_found(model: Any, arch: Arch) -> list[str]:
+    """:func:`processing_signatures` read once per weight version (it reduces the embedding and
+    unembedding matrices: seconds on a 50k-token vocabulary, more than a short attribution)."""
+    version = _weights_version(model)
+    cached = _SIGNATURES.get(model)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    found = processing_signatures(model, arch)
+    _SIGNATURES[model] = (version, found)
+    return found
+
+
 def processing_effect(phrase: str, normalization: str | None) -> str:
     """What one TransformerLens 3.9 processing step (a phrase of ``processing_signatures``)
     changes, for a model whose norms are now ``normalization`` (``"LNPre"``, ``"RMSPre"``, ...).
@@ -517,7 +532,7 @@ def warn_if_processed(model: Any, arch: Arch) -> None:
     if _CHECKED.get(model) == version:
         return
     _CHECKED[model] = version
-    found = processing_signatures(model, arch)
+    found = _processing_found(model, arch)
     if not found:
         return
     _WARNED_PROCESSED.add(model)
@@ -545,7 +560,7 @@ def warn_if_logits_centred(model: Any, arch: Arch, method: str) -> None:
     (a foil cancels the shift: logit differences are unchanged)."""
     if model in _WARNED_CENTRED or model in _WARNED_PROCESSED:
         return
-    if not any(p.startswith("center_unembed") for p in processing_signatures(model, arch)):
+    if not any(p.startswith("center_unembed") for p in _processing_found(model, arch)):
         return
     _WARNED_CENTRED.add(model)
     warnings.warn(
