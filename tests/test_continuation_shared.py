@@ -317,3 +317,47 @@ def test_integrated_gradients_auto_keeps_one_path_per_step():
     with _user_hook(model) as sizes:
         attribute(model, PROMPT, Target(continuation="cabinet is"), method="integrated_gradients")
     assert sizes[:2] == [1, 2], sizes
+
+
+@pytest.mark.parametrize(("arch", "options"), IG_CASES)
+def test_integrated_gradients_prefix_chunks_equal_each_prefix(arch, options, monkeypatch):
+    """Without user hooks the shared path runs in chunks of positions through the key–value
+    cache, every step's backward stopping at its chunk's end
+    (``integrated_gradients.chunked_path_integral``); every step still equals IG on its prefix
+    alone, meta included."""
+    import lens_attrib.methods.integrated_gradients as ig_module
+
+    model = _model(arch)
+    options = dict(options)
+    start = options.pop("start_token", True)
+    prompt = to_batch(model, PROMPT).tokens[0].tolist()
+    if not start:
+        prompt = prompt[1:] if to_batch(model, PROMPT).special[0, 0] else prompt
+    cont = model.tokenizer(CONTINUATION + " the", add_special_tokens=False)["input_ids"]
+    assert len(cont) >= 4
+    used: list[list[int]] = []
+    real = ig_module.chunked_path_integral
+
+    def spy(*args):
+        used.append(list(args[-1]))
+        return real(*args)
+
+    monkeypatch.setattr(ig_module, "chunked_path_integral", spy)
+    monkeypatch.setattr(ig_module, "PREFIX_CHUNKS", 3)
+    ig = {"method": "integrated_gradients", "n_steps": 3, "step_batch": 2, **options}
+    forced = attribute(model, torch.tensor(prompt), Target(continuation=cont), **ig)
+    length = len(prompt) + len(cont) - 1 + int(not start)
+    assert len(used) == 1 and len(used[0]) == 3 and used[0][-1] == length, used
+    for s, token in enumerate(cont):
+        single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **ig)
+        _check_row(forced, s, single, len(prompt) + s, f"{arch} chunked ig step {s}")
+        _check_ig_meta(forced, s, single, f"{arch} chunked ig step {s}")
+    assert len(used) == 1, "a single prefix has one step: nothing to chunk"
+
+
+def test_prefix_bounds_split_the_step_positions():
+    import lens_attrib.methods.integrated_gradients as ig_module
+
+    assert ig_module.prefix_bounds([5, 6, 7, 8, 9, 10, 11, 12], 4) == [7, 9, 11, 13]
+    assert ig_module.prefix_bounds([5, 6, 7], 4) == [6, 7, 8]
+    assert ig_module.prefix_bounds([3, 4, 5, 6, 7], 2) == [5, 8]
