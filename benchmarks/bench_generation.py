@@ -269,6 +269,8 @@ def measure_all(args: argparse.Namespace, opts: dict[str, Any], opts_file: str) 
                 continue
             if kind == "ig_default" and not args.ig_default_steps:
                 continue
+            if args.only and kind not in args.only.split(","):
+                continue
             pair = [("ours", kind)] + ([("inseq", peer)] if peer else [])
             for side, name in pair if rep % 2 == 0 else pair[::-1]:
                 record(side, name)
@@ -280,7 +282,8 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
 
 
 def report(args: argparse.Namespace, opts: dict[str, Any], results: dict[str, Any]) -> str:
-    ref = _median(results["ours:reference"], "seconds")
+    refs = results.get("ours:reference")
+    ref = _median(refs, "seconds") if refs else float("nan")
     lines = [
         "| method | ours s | Inseq s | ours ÷ Inseq | ours ÷ reference | ours +MB | Inseq +MB "
         "| n |",
@@ -346,6 +349,9 @@ def main() -> None:
     parser.add_argument("--ig-reps", type=int, default=1)
     parser.add_argument("--ig-default-steps", type=int, default=4)
     parser.add_argument("--write", default=None, help="also write the JSON results here")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated kinds to run (e.g. ig_matched); default all"
+    )
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
