@@ -306,7 +306,8 @@ def report(args: argparse.Namespace, opts: dict[str, Any], results: dict[str, An
             "gradient": "gradient (saliency, ℓ2)",
         }.get(kind, kind)
         lines.append(
-            f"| {label} | {ours_s:.2f} | {peer_s} | {ratio} | {ours_s / ref:.2f} | "
+            f"| {label} | {ours_s:.2f} | {peer_s} | {ratio} | "
+            f"{'–' if refs is None else f'{ours_s / ref:.2f}'} | "
             f"{ours_mb:.0f} | {peer_mb} | {len(rows)} |"
         )
     return "\n".join([*lines, "", *paired_report(results)])
