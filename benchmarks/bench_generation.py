@@ -251,10 +251,16 @@ def measure_all(args: argparse.Namespace, opts: dict[str, Any], opts_file: str) 
     def record(side: str, kind: str) -> None:
         key = f"{side}:{kind}"
         got = _run(ours_python if side == "ours" else args.peer_python, side, kind, opts_file)
+        got["round"] = rep
+        got["load_average"] = os.getloadavg()[0]
         results.setdefault(key, []).append(got)
         if args.write:  # every measurement as it comes (a long run can be read while it runs)
             Path(args.write).write_text(json.dumps({"results": results}, indent=1))
-        print(f"  {key}: {got['seconds']:.2f} s, +{got['peak_extra_mb']:.0f} MB", flush=True)
+        print(
+            f"  {key}: {got['seconds']:.2f} s, +{got['peak_extra_mb']:.0f} MB, "
+            f"load {got['load_average']:.1f}",
+            flush=True,
+        )
 
     for rep in range(args.reps):
         print(f"round {rep + 1}/{args.reps}", flush=True)
@@ -262,6 +268,8 @@ def measure_all(args: argparse.Namespace, opts: dict[str, Any], opts_file: str) 
             if kind.startswith("ig") and rep >= args.ig_reps:
                 continue
             if kind == "ig_default" and not args.ig_default_steps:
+                continue
+            if args.only and kind not in args.only.split(","):
                 continue
             pair = [("ours", kind)] + ([("inseq", peer)] if peer else [])
             for side, name in pair if rep % 2 == 0 else pair[::-1]:
@@ -274,7 +282,8 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
 
 
 def report(args: argparse.Namespace, opts: dict[str, Any], results: dict[str, Any]) -> str:
-    ref = _median(results["ours:reference"], "seconds")
+    refs = results.get("ours:reference")
+    ref = _median(refs, "seconds") if refs else float("nan")
     lines = [
         "| method | ours s | Inseq s | ours ÷ Inseq | ours ÷ reference | ours +MB | Inseq +MB "
         "| n |",
@@ -297,10 +306,37 @@ def report(args: argparse.Namespace, opts: dict[str, Any], results: dict[str, An
             "gradient": "gradient (saliency, ℓ2)",
         }.get(kind, kind)
         lines.append(
-            f"| {label} | {ours_s:.2f} | {peer_s} | {ratio} | {ours_s / ref:.2f} | "
+            f"| {label} | {ours_s:.2f} | {peer_s} | {ratio} | "
+            f"{'–' if refs is None else f'{ours_s / ref:.2f}'} | "
             f"{ours_mb:.0f} | {peer_mb} | {len(rows)} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *paired_report(results)])
+
+
+def paired_report(results: dict[str, Any]) -> list[str]:
+    """Per round, ours ÷ Inseq (and ALTI-Logit ÷ reference) from the measurements of that round
+    (ours and the peer run back to back, so both see about the same load), and their median."""
+    pairs = [
+        (f"{kind} ÷ {peer}", f"ours:{kind}", f"inseq:{peer}") for kind, peer in OURS.items() if peer
+    ] + [("alti_logit ÷ reference (ours alone)", "ours:alti_logit", "ours:reference")]
+    rounds = sorted({r["round"] for rows in results.values() for r in rows})
+    head = " | ".join(f"round {r + 1}" for r in rounds)
+    lines = [f"| paired ratio | {head} | median |", "|---" + "|---:" * (len(rounds) + 1) + "|"]
+    for label, num, den in pairs:
+        by_round = {
+            r["round"]: r["seconds"] / d["seconds"]
+            for r in results.get(num, [])
+            for d in results.get(den, [])
+            if d["round"] == r["round"]
+        }
+        if not by_round:
+            continue
+        cells = " | ".join(f"{by_round[r]:.2f}" if r in by_round else "–" for r in rounds)
+        lines.append(f"| {label} | {cells} | **{statistics.median(by_round.values()):.2f}** |")
+    loads = [r["load_average"] for rows in results.values() for r in rows]
+    span = f"{min(loads):.1f}–{max(loads):.1f}"
+    lines += ["", f"1-minute load average at the end of each measurement: {span}"]
+    return lines
 
 
 def main() -> None:
@@ -314,6 +350,9 @@ def main() -> None:
     parser.add_argument("--ig-reps", type=int, default=1)
     parser.add_argument("--ig-default-steps", type=int, default=4)
     parser.add_argument("--write", default=None, help="also write the JSON results here")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated kinds to run (e.g. ig_matched); default all"
+    )
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)

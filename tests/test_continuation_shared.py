@@ -3,7 +3,8 @@
 The rows of a generation step batch of one prompt all hold the sequence prompt + continuation[:-1]
 (``lens_attrib.methods.generation``). Gradient methods run that sequence once and take the ``S``
 step gradients as batched vector–Jacobian products on one graph
-(``lens_attrib.methods.backprop.step_gradients_at``); ALTI computes its mixing matrices once;
+(``lens_attrib.methods.backprop.step_gradients_at``; Grad-ELLM too, its q, k, v recorded once
+per sequence); ALTI computes its mixing matrices once;
 LogAt/NormXLogit read one forward. Oracles: every step equals its prefix explained alone (float64,
 1e-10 of the array's scale) under the same user hook, a batch of prompts with different
 continuation lengths equals one prompt at a time, per-step foils equal separate contrastive calls,
@@ -28,7 +29,19 @@ from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
 
 PROMPT = "the keys to the"
 CONTINUATION = "cabinet is on"
-SHARED = ["gradient", "grad_x_input", "lrp", "attnlrp", "alti_logit", "alti", "logat", "normxlogit"]
+SHARED = [
+    "gradient",
+    "grad_x_input",
+    "lrp",
+    "attnlrp",
+    "alti_logit",
+    "alti",
+    "logat",
+    "normxlogit",
+    "grad_ellm",
+    "grad_ellm:softmax",
+    "grad_ellm:concat",
+]
 HEADS = {"gradient", "grad_x_input", "lrp", "attnlrp"}
 ARRAYS = ("scores", "layer_scores", "head_scores", "head_token_scores")
 
@@ -78,7 +91,12 @@ def _check_row(forced, row: int, single, n_real: int, what: str) -> None:
 
 
 def _options(method: str) -> dict:
-    return {"heads": True} if method in HEADS else {}
+    """Options of a ``SHARED`` entry (``"grad_ellm:softmax"``: Grad-ELLM with that similarity,
+    every layer aggregated so that the earliest layers' gradients are checked too)."""
+    if method.startswith("grad_ellm"):
+        similarity = method.partition(":")[2] or "minmax"
+        return {"method": "grad_ellm", "similarity": similarity, "n_layers": 2}
+    return {"method": method, **({"heads": True} if method in HEADS else {})}
 
 
 @pytest.mark.parametrize("method", SHARED)
@@ -89,43 +107,33 @@ def test_one_forward_for_all_steps_equals_each_prefix(arch, method):
     cont = model.tokenizer(CONTINUATION, add_special_tokens=False)["input_ids"]
     assert len(cont) >= 3
     with _user_hook(model) as sizes:
-        forced = attribute(
-            model, PROMPT, Target(continuation=CONTINUATION), method=method, **_options(method)
-        )
+        forced = attribute(model, PROMPT, Target(continuation=CONTINUATION), **_options(method))
     # one no-grad forward for the step scores (generation.step_scores), one for the method
     assert sizes == [1, 1], f"{method}: forwards of {sizes} sequences, expected two of 1"
     for s, token in enumerate(cont):
         with _user_hook(model):
             single = attribute(
-                model,
-                torch.tensor(prompt + cont[:s]),
-                Target(token=token),
-                method=method,
-                **_options(method),
+                model, torch.tensor(prompt + cont[:s]), Target(token=token), **_options(method)
             )
         _check_row(forced, s, single, len(prompt) + s, f"{arch} {method} step {s}")
     assert not model.hook_dict["blocks.0.hook_mlp_out"].fwd_hooks, "a hook outlived the call"
 
 
-@pytest.mark.parametrize("method", ["attnlrp", "gradient", "normxlogit", "alti"])
+@pytest.mark.parametrize("method", ["attnlrp", "gradient", "normxlogit", "alti", "grad_ellm"])
 def test_prompts_with_different_continuation_lengths_equal_one_at_a_time(method):
     model = _model("llama")
     prompts = ["the keys to the", "a dog", "the cabinet near the old"]
     conts = ["cabinet is on", "is", [5, 9]]
     with _user_hook(model) as sizes:
-        batched = attribute(
-            model, prompts, Target(continuation=conts), method=method, **_options(method)
-        )
-    gradient_method = method in HEADS
+        batched = attribute(model, prompts, Target(continuation=conts), **_options(method))
+    gradient_method = method in HEADS or method == "grad_ellm"
     # the step scores' forward of the 3 sequences, then the method's: a forward per prompt
     # (gradient methods: each prompt's backward stays on its own graph) or one of 3 sequences
     assert sizes == ([3, 1, 1, 1] if gradient_method else [3, 3]), sizes
     row = 0
     for prompt, cont in zip(prompts, conts, strict=True):
         with _user_hook(model):
-            alone = attribute(
-                model, prompt, Target(continuation=cont), method=method, **_options(method)
-            )
+            alone = attribute(model, prompt, Target(continuation=cont), **_options(method))
         for s in range(alone.scores.shape[0]):
             n_real = int(alone.mask[s].sum())
             _check_row(batched, row, alone[s : s + 1], n_real, f"{method} row {row}")
@@ -133,7 +141,7 @@ def test_prompts_with_different_continuation_lengths_equal_one_at_a_time(method)
     assert row == batched.scores.shape[0]
 
 
-@pytest.mark.parametrize("method", ["lrp", "normxlogit", "alti_logit", "gradient"])
+@pytest.mark.parametrize("method", ["lrp", "normxlogit", "alti_logit", "gradient", "grad_ellm"])
 def test_per_step_foils_on_the_shared_path(method):
     model = _model("gpt2")
     prompt = to_batch(model, PROMPT).tokens[0].tolist()
@@ -144,7 +152,6 @@ def test_per_step_foils_on_the_shared_path(method):
             model,
             PROMPT,
             Target(continuation=cont, foil=foils),
-            method=method,
             **_options(method),
         )
     assert sizes == [1, 1]
@@ -154,7 +161,6 @@ def test_per_step_foils_on_the_shared_path(method):
                 model,
                 torch.tensor(prompt + cont[:s]),
                 Target(token=token, foil=foil),
-                method=method,
                 **_options(method),
             )
         assert int(forced.target.foil_ids[s]) == int(single.target.foil_ids[0])
@@ -311,3 +317,47 @@ def test_integrated_gradients_auto_keeps_one_path_per_step():
     with _user_hook(model) as sizes:
         attribute(model, PROMPT, Target(continuation="cabinet is"), method="integrated_gradients")
     assert sizes[:2] == [1, 2], sizes
+
+
+@pytest.mark.parametrize(("arch", "options"), IG_CASES)
+def test_integrated_gradients_prefix_chunks_equal_each_prefix(arch, options, monkeypatch):
+    """Without user hooks the shared path runs in chunks of positions through the key–value
+    cache, every step's backward stopping at its chunk's end
+    (``integrated_gradients.chunked_path_integral``); every step still equals IG on its prefix
+    alone, meta included."""
+    import lens_attrib.methods.integrated_gradients as ig_module
+
+    model = _model(arch)
+    options = dict(options)
+    start = options.pop("start_token", True)
+    prompt = to_batch(model, PROMPT).tokens[0].tolist()
+    if not start:
+        prompt = prompt[1:] if to_batch(model, PROMPT).special[0, 0] else prompt
+    cont = model.tokenizer(CONTINUATION + " the", add_special_tokens=False)["input_ids"]
+    assert len(cont) >= 4
+    used: list[list[int]] = []
+    real = ig_module.chunked_path_integral
+
+    def spy(*args):
+        used.append(list(args[-1]))
+        return real(*args)
+
+    monkeypatch.setattr(ig_module, "chunked_path_integral", spy)
+    monkeypatch.setattr(ig_module, "PREFIX_CHUNKS", 3)
+    ig = {"method": "integrated_gradients", "n_steps": 3, "step_batch": 2, **options}
+    forced = attribute(model, torch.tensor(prompt), Target(continuation=cont), **ig)
+    length = len(prompt) + len(cont) - 1 + int(not start)
+    assert len(used) == 1 and len(used[0]) == 3 and used[0][-1] == length, used
+    for s, token in enumerate(cont):
+        single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **ig)
+        _check_row(forced, s, single, len(prompt) + s, f"{arch} chunked ig step {s}")
+        _check_ig_meta(forced, s, single, f"{arch} chunked ig step {s}")
+    assert len(used) == 1, "a single prefix has one step: nothing to chunk"
+
+
+def test_prefix_bounds_split_the_step_positions():
+    import lens_attrib.methods.integrated_gradients as ig_module
+
+    assert ig_module.prefix_bounds([5, 6, 7, 8, 9, 10, 11, 12], 4) == [7, 9, 11, 13]
+    assert ig_module.prefix_bounds([5, 6, 7], 4) == [6, 7, 8]
+    assert ig_module.prefix_bounds([3, 4, 5, 6, 7], 2) == [5, 8]

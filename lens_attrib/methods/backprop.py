@@ -75,6 +75,7 @@ def batched_vjp(
     inputs: Sequence[Tensor],
     cotangents: Float[Tensor, "n *out"],
     chunk: int | None = None,
+    retain: bool = False,
 ) -> list[Float[Tensor, "n *shape"]]:
     """``cotangents[i] · ∂output/∂inputs[k]`` for every ``i``: ``[n, *inputs[k].shape]`` per input.
 
@@ -82,7 +83,7 @@ def batched_vjp(
     divided by the inputs' sequence length) per vectorized backward pass
     (``torch.autograd.grad(..., is_grads_batched=True)``). Where an operation of the graph has no
     batching rule, the products run one by one (same numbers). Inputs ``output`` does not depend
-    on get zero gradients. The graph is freed after the last product.
+    on get zero gradients. The graph is freed after the last product unless ``retain``.
     """
     n = int(cotangents.shape[0])
     length = int(inputs[0].shape[1]) if inputs and inputs[0].ndim > 1 else 1
@@ -90,14 +91,14 @@ def batched_vjp(
     parts: list[list[Tensor]] = [[] for _ in inputs]
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        retain = stop < n
+        keep = retain or stop < n
         try:
             grads = torch.autograd.grad(
                 output,
                 list(inputs),
                 grad_outputs=cotangents[start:stop],
                 is_grads_batched=True,
-                retain_graph=True if retain else None,
+                retain_graph=True if keep else None,
                 allow_unused=True,
             )
         except RuntimeError as err:
@@ -108,7 +109,7 @@ def batched_vjp(
                     output,
                     list(inputs),
                     grad_outputs=cotangents[i],
-                    retain_graph=retain or i < stop - 1,
+                    retain_graph=keep or i < stop - 1,
                     allow_unused=True,
                 )
                 for i in range(start, stop)

@@ -40,11 +40,14 @@ resolved value is in ``meta["options"]["n_layers"]``. Rank metrics with ``ties="
 constant maps as random (:mod:`lens_attrib.evaluation.plausibility`).
 
 q, k, v come from one forward (hooks), the gradient from one backward pass to the earliest
-selected ``hook_z`` (``torch.autograd.grad``); no second forward. With ``Target(generate=N)``
-every generated step is a row of the batch (``scores`` ``[steps, pos]``) and
-``meta["step_aggregate"]`` is the mean of the step maps ``[pos]`` (prompt tokens:
-``[:meta["prompt_length"]]``); for a batch of prompts, whose rows differ in length, it is left
-out (take the mean of ``attr.prompt_steps(b).scores`` per prompt).
+selected ``hook_z`` (``torch.autograd.grad``); no second forward. With ``Target(generate=N)`` or
+``Target(continuation=...)`` the steps of one sequence share that forward: q, k, v are recorded
+once per sequence and the ``S`` step gradients at ``hook_z`` are batched vector–Jacobian products
+on its graph (:func:`lens_attrib.methods.backprop.step_gradients_at`); every step equals its
+prefix explained alone (causal attention). Every generated step is a row of the batch
+(``scores`` ``[steps, pos]``) and ``meta["step_aggregate"]`` is the mean of the step maps
+``[pos]`` (prompt tokens: ``[:meta["prompt_length"]]``); for a batch of prompts, whose rows
+differ in length, it is left out (take the mean of ``attr.prompt_steps(b).scores`` per prompt).
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lens_attrib.backend import attn_hook, query_key_hooks
-from lens_attrib.forward import run
+from lens_attrib.forward import group_rows, run, step_groups
 from lens_attrib.inputs import Batch
+from lens_attrib.methods.backprop import step_gradients_at
 from lens_attrib.methods.registry import MethodOutput, Option, positive_int_or_none, register
 from lens_attrib.target import Target
 
@@ -159,6 +163,104 @@ def _keep_hook(store: dict[str, Tensor], name: str) -> Any:
     return hook
 
 
+Activations = dict[int, tuple[Tensor, Tensor, Tensor, Tensor | None]]
+"""Per layer: ``q`` at each row's query position ``[batch, head, d_head]``, ``k`` and ``v``
+``[batch, pos, kv_head, d_head]``, and the pattern row ``[batch, head, pos]`` (softmax only)."""
+
+
+def _activation_hooks(
+    store: dict[str, Tensor], chosen: Sequence[int], arch: Any, similarity: str, rows: Tensor
+) -> list[tuple[str, Any]]:
+    """Hooks recording q (at each row's query position ``rows``), k, v (and the pattern row) of
+    the chosen layers."""
+    hooks: list[tuple[str, Any]] = []
+    for layer in chosen:
+        qn, kn = query_key_hooks(arch, layer)
+        hooks += [
+            (qn, _row_hook(store, f"{layer}.q", rows, 1)),
+            (kn, _keep_hook(store, f"{layer}.k")),
+            (attn_hook("v", layer), _keep_hook(store, f"{layer}.v")),
+        ]
+        if similarity == "softmax":
+            name = f"{layer}.pattern"
+            hooks.append((attn_hook("pattern", layer), _row_hook(store, name, rows, 2)))
+    return hooks
+
+
+def _one_forward(
+    model: Any, batch: Batch, target: Target, chosen: Sequence[int], similarity: str
+) -> tuple[Tensor, Any, Activations, dict[int, Tensor]]:
+    """q, k, v from one forward of ``batch`` and ``w = ∂l/∂z`` at every row's query position
+    from one backward pass (``torch.autograd.grad``)."""
+    positions = target.positions(batch)
+    store: dict[str, Tensor] = {}
+    hooks = _activation_hooks(store, chosen, batch.arch, similarity, positions)
+    z_names = [attn_hook("z", layer) for layer in chosen]
+    result = run(model, batch, target, capture=z_names, fwd_hooks=hooks)
+    assert result.value is not None
+    zs = [result.captured[n] for n in z_names]
+    grads = torch.autograd.grad(result.value.sum(), zs, allow_unused=True)
+    items = torch.arange(batch.size, device=positions.device)
+    acts: Activations = {}
+    weights: dict[int, Tensor] = {}
+    for layer, z, g in zip(chosen, zs, grads, strict=True):
+        g = torch.zeros_like(z) if g is None else g
+        weights[layer] = g[items, positions].detach()  # [batch, head, d_head]
+        acts[layer] = (
+            store[f"{layer}.q"],
+            store[f"{layer}.k"],
+            store[f"{layer}.v"],
+            store.get(f"{layer}.pattern"),
+        )
+    return result.value, result.resolved, acts, weights
+
+
+def _shared_steps(
+    model: Any,
+    batch: Batch,
+    target: Target,
+    chosen: Sequence[int],
+    similarity: str,
+    groups: Sequence[Tensor],
+) -> tuple[Tensor, Any, Activations, dict[int, Tensor]]:
+    """:func:`_one_forward` for a generation step batch: one forward per sequence (q, k, v and
+    the pattern recorded at every position, once per sequence) and every step's ``∂l_s/∂z`` as
+    batched vector–Jacobian products on that one graph
+    (:func:`lens_attrib.methods.backprop.step_gradients_at`); each row then reads its own step's
+    query position. By causality this equals each step's prefix explained alone."""
+    positions = target.positions(batch)
+    per_group: dict[str, list[Tensor]] = {}
+
+    def collect(name: str) -> Any:
+        def hook(x: Tensor, hook: Any) -> None:
+            per_group.setdefault(name, []).append(x.detach())
+
+        return hook
+
+    hooks: list[tuple[str, Any]] = []
+    for layer in chosen:
+        qn, kn = query_key_hooks(batch.arch, layer)
+        names = [(qn, "q"), (kn, "k"), (attn_hook("v", layer), "v")]
+        if similarity == "softmax":
+            names.append((attn_hook("pattern", layer), "pattern"))
+        hooks += [(point, collect(f"{layer}.{what}")) for point, what in names]
+    z_names = [attn_hook("z", layer) for layer in chosen]
+    _, grads, forward = step_gradients_at(model, batch, target, z_names, groups, hooks)
+    seq = group_rows(groups, batch.size, batch.tokens.device)
+    items = torch.arange(batch.size, device=positions.device)
+    acts: Activations = {}
+    weights: dict[int, Tensor] = {}
+    for layer, g in zip(chosen, grads, strict=True):
+        weights[layer] = g[items, positions].detach()
+        q, k, v = (torch.cat(per_group[f"{layer}.{w}"])[seq] for w in ("q", "k", "v"))
+        pattern = None
+        if similarity == "softmax":
+            pattern = torch.cat(per_group[f"{layer}.pattern"])[seq][items, :, positions]
+        acts[layer] = (q[items, positions], k, v, pattern)
+    assert forward.value is not None
+    return forward.value, forward.resolved, acts, weights
+
+
 def _layers_check(value: Any) -> str | None:
     ok = value is None or (
         isinstance(value, Sequence)
@@ -195,53 +297,30 @@ def grad_ellm(
     """Grad-ELLM over the last ``n_layers`` (or ``layers``); see the module docstring."""
     chosen = select_layers(model, n_layers, layers)
     positions = target.positions(batch)
-    store: dict[str, Tensor] = {}
-    hooks: list[tuple[str, Any]] = []
-    for layer in chosen:
-        qn, kn = query_key_hooks(batch.arch, layer)
-        hooks += [
-            (qn, _row_hook(store, f"{layer}.q", positions, 1)),
-            (kn, _keep_hook(store, f"{layer}.k")),
-            (attn_hook("v", layer), _keep_hook(store, f"{layer}.v")),
-        ]
-        if similarity == "softmax":
-            hooks.append(
-                (attn_hook("pattern", layer), _row_hook(store, f"{layer}.pattern", positions, 2))
-            )
-    z_names = [attn_hook("z", layer) for layer in chosen]
-    result = run(model, batch, target, capture=z_names, fwd_hooks=hooks)
-    assert result.value is not None
-    zs = [result.captured[n] for n in z_names]
-    grads = torch.autograd.grad(result.value.sum(), zs, allow_unused=True)
-    allowed = key_mask(batch, positions, causal=batch.arch.causal)
-    items = torch.arange(batch.size, device=positions.device)
-    maps = []
-    for layer, z, g in zip(chosen, zs, grads):
-        g = torch.zeros_like(z) if g is None else g
-        w = g[items, positions].detach()  # [batch, head, d_head]
-        maps.append(
-            layer_map(
-                store[f"{layer}.q"],
-                store[f"{layer}.k"],
-                store[f"{layer}.v"],
-                w,
-                allowed,
-                similarity,
-                store.get(f"{layer}.pattern"),
-            )
+    groups = step_groups(batch)
+    if groups is None:
+        value, explained, acts, weights = _one_forward(model, batch, target, chosen, similarity)
+    else:
+        value, explained, acts, weights = _shared_steps(
+            model, batch, target, chosen, similarity, groups
         )
+    allowed = key_mask(batch, positions, causal=batch.arch.causal)
+    maps = [
+        layer_map(*acts[layer][:3], weights[layer], allowed, similarity, acts[layer][3])
+        for layer in chosen
+    ]
     per_layer = torch.stack(maps, dim=1).masked_fill(~batch.mask[:, None, :], 0.0)
     total = per_layer.sum(1)
     norm = total.sum(-1, keepdim=True)
     scores = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
-    meta: dict[str, Any] = {"explained_value": result.value.detach().cpu()}
+    meta: dict[str, Any] = {"explained_value": value.detach().cpu()}
     generation = batch.extra.get("generation")
     if generation and len(set(generation.get("step_prompt", [0]))) == 1:  # one prompt's steps
         meta["step_aggregate"] = scores.detach().mean(0).cpu()
     resolved = {"n_layers": len(chosen)} if n_layers is None and layers is None else {}
     return MethodOutput(
         scores,
-        result.resolved,
+        explained,
         layer_scores=per_layer,
         meta=meta,
         layers=chosen,
