@@ -70,13 +70,11 @@ def test_score_equals_the_metric_functions(model, items, attr):
 
 def test_each_family_runs_once(model, attr, monkeypatch):
     calls: list[str] = []
-    real_aopc, real_soft = metrics.aopc_shared, metrics.soft_metrics_shared
-    monkeypatch.setattr(
-        metrics, "aopc_shared", lambda *a, **k: calls.append("aopc") or real_aopc(*a, **k)
-    )
+    real_aopc, real_soft = metrics.aopc, metrics.soft_metrics
+    monkeypatch.setattr(metrics, "aopc", lambda *a, **k: calls.append("aopc") or real_aopc(*a, **k))
     monkeypatch.setattr(
         metrics,
-        "soft_metrics_shared",
+        "soft_metrics",
         lambda *a, **k: calls.append(k["routing"]) or real_soft(*a, **k),
     )
     names = ["sufficiency", "pi_soft_nc", "comprehensiveness", "soft_nc", "sufficiency_curve",

@@ -225,6 +225,7 @@ def aopc(
     gold: Int[Tensor, "batch"] | None = None,
     special_ids: Sequence[int] | None = None,
     max_batch: int = 64,
+    shared: SharedForwards | None = None,
 ) -> AOPCResult:
     """AOPC comprehensiveness and sufficiency, and accuracy under perturbation (module doc).
 
@@ -232,33 +233,11 @@ def aopc(
     attribution's explained token). ``gold``: label ids for the accuracy (default: prediction).
     ``head``: the head to read (default: the attribution's Target's head, kept in
     ``ResolvedTarget.head``; the model's own when the Target named none).
+
+    ``shared``: the forwards of one :func:`~lens_attrib.evaluation.score` call
+    (:class:`~lens_attrib.evaluation.shared_forwards.SharedForwards`: the clean forward and
+    every distinct perturbation made once); ``None`` makes them for this call alone.
     """
-    return aopc_shared(
-        model,
-        attribution,
-        fractions=fractions,
-        head=head,
-        label=label,
-        gold=gold,
-        special_ids=special_ids,
-        max_batch=max_batch,
-    )
-
-
-def aopc_shared(
-    model: Any,
-    attribution: Attribution,
-    *,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    head: Head | None = None,
-    label: str = "prediction",
-    gold: Int[Tensor, "batch"] | None = None,
-    special_ids: Sequence[int] | None = None,
-    max_batch: int = 64,
-    shared: SharedForwards | None = None,
-) -> AOPCResult:
-    """:func:`aopc` with the forwards of ``shared`` when it holds this call's (clean forward
-    and every distinct perturbation made once per :func:`~lens_attrib.evaluation.score`)."""
     check_faithfulness_args(attribution, "aopc", label, max_batch)
     head = head if head is not None else attribution.target.head
     check_fractions(fractions, "fractions", "aopc")
@@ -348,31 +327,14 @@ def insertion_deletion(
     label: str = "prediction",
     special_ids: Sequence[int] | None = None,
     max_batch: int = 64,
-) -> CurveResult:
-    """Deletion and insertion curves in ``1/steps`` steps (default 5 % × 20; module doc)."""
-    return insertion_deletion_shared(
-        model,
-        attribution,
-        steps=steps,
-        head=head,
-        label=label,
-        special_ids=special_ids,
-        max_batch=max_batch,
-    )
-
-
-def insertion_deletion_shared(
-    model: Any,
-    attribution: Attribution,
-    *,
-    steps: int = 20,
-    head: Head | None = None,
-    label: str = "prediction",
-    special_ids: Sequence[int] | None = None,
-    max_batch: int = 64,
     shared: SharedForwards | None = None,
 ) -> CurveResult:
-    """:func:`insertion_deletion` with the forwards of ``shared`` when it holds this call's."""
+    """Deletion and insertion curves in ``1/steps`` steps (default 5 % × 20; module doc).
+
+    ``shared``: the forwards of one :func:`~lens_attrib.evaluation.score` call
+    (:class:`~lens_attrib.evaluation.shared_forwards.SharedForwards`: the clean forward and
+    every distinct perturbation made once); ``None`` makes them for this call alone.
+    """
     check_faithfulness_args(attribution, "insertion_deletion", label, max_batch)
     head = head if head is not None else attribution.target.head
     check_count(steps, "steps", "insertion_deletion")

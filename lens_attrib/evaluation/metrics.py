@@ -49,10 +49,10 @@ import torch
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.evaluation.faithfulness import aopc_shared, insertion_deletion_shared
+from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
 from lens_attrib.evaluation.plausibility import PLAUSIBILITY_METRICS, degenerate, plausibility
 from lens_attrib.evaluation.shared_forwards import SharedForwards
-from lens_attrib.evaluation.soft import soft_metrics_shared
+from lens_attrib.evaluation.soft import soft_metrics
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def _plausibility(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
 @register_family("aopc")
 def _aopc(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
     opts = ctx.options
-    res = aopc_shared(
+    res = aopc(
         ctx.model,
         ctx.attribution,
         gold=ctx.gold,
@@ -227,7 +227,7 @@ def _aopc(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
 @register_family("curves")
 def _curves(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
     opts = ctx.options
-    res = insertion_deletion_shared(
+    res = insertion_deletion(
         ctx.model,
         ctx.attribution,
         max_batch=opts.max_batch,
@@ -240,7 +240,7 @@ def _curves(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
 
 def _soft(ctx: Context, wanted: Sequence[Metric], routing: str) -> list[MetricRecord]:
     opts = ctx.options
-    res = soft_metrics_shared(
+    res = soft_metrics(
         ctx.model,
         ctx.attribution,
         routing=routing,

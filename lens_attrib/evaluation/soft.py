@@ -222,47 +222,14 @@ def soft_metrics(
     keep_special: bool = True,
     special_ids: Sequence[int] | None = None,
     head: Head | None = None,
-) -> SoftResult:
-    """Soft-NC/NS and π-Soft-NC/NS of every item of ``attribution`` (see the module doc)."""
-    return soft_metrics_shared(
-        model,
-        attribution,
-        pis=pis,
-        n_draws=n_draws,
-        raw=raw,
-        pi_variants=pi_variants,
-        per_element=per_element,
-        distance=distance,
-        routing=routing,
-        seed=seed,
-        max_batch=max_batch,
-        keep_special=keep_special,
-        special_ids=special_ids,
-        head=head,
-    )
-
-
-def soft_metrics_shared(
-    model: Any,
-    attribution: Attribution,
-    *,
-    pis: Sequence[float] = DEFAULT_PIS,
-    n_draws: int = 15,
-    raw: bool = True,
-    pi_variants: bool = True,
-    per_element: bool = False,
-    distance: str = "hellinger",
-    routing: str = "dynamic",
-    seed: int = 0,
-    max_batch: int = 64,
-    keep_special: bool = True,
-    special_ids: Sequence[int] | None = None,
-    head: Head | None = None,
     shared: SharedForwards | None = None,
 ) -> SoftResult:
-    """:func:`soft_metrics` reading the clean forward (and, for fixed routing, its attention
-    patterns) from ``shared`` when it holds this call's forwards
-    (:class:`~lens_attrib.evaluation.shared_forwards.SharedForwards`)."""
+    """Soft-NC/NS and π-Soft-NC/NS of every item of ``attribution`` (see the module doc).
+
+    ``shared``: the forwards of one :func:`~lens_attrib.evaluation.score` call
+    (:class:`~lens_attrib.evaluation.shared_forwards.SharedForwards`: the clean forward and
+    every distinct perturbation made once); ``None`` makes them for this call alone.
+    """
     if distance not in ("hellinger", "reagent"):
         raise ValueError(f"distance must be 'hellinger' or 'reagent', got {distance!r}")
     if routing not in ("dynamic", "fixed"):
