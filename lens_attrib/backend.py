@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from lens_attrib.arch import CLASS_HEAD, Arch, Head, MlmHead, attached_head, has_lm_head
 from lens_attrib.errors import ModelError
+from lens_attrib.module_hooks import has_hooks
 
 EMBEDDINGS = ("full", "partial")
 
@@ -225,20 +226,6 @@ def pattern_hooks(arch: Arch) -> list[str]:
 
 
 # --------------------------------------------------------------------------- raw forwards
-def has_hooks(point: nn.Module) -> bool:
-    """Whether any forward, forward-pre or backward hook (own or global) is on ``point``."""
-    from torch.nn.modules import module as nn_module
-
-    return bool(
-        point._forward_hooks
-        or point._forward_pre_hooks
-        or point._backward_hooks
-        or nn_module._global_forward_hooks
-        or nn_module._global_forward_pre_hooks
-        or nn_module._global_backward_hooks
-    )
-
-
 def forward_kwargs(
     arch: Arch, mask: Tensor, padded: bool, token_types: Tensor | None = None
 ) -> dict[str, Tensor]:

@@ -94,6 +94,7 @@ from torch import Tensor, nn
 
 from lens_attrib.arch import Arch, Head, MlmHead, arch_from_config, soft_cap
 from lens_attrib.errors import ModelError
+from lens_attrib.module_hooks import has_hooks
 
 DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
@@ -1068,7 +1069,7 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
             or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
         ):
             return eager(*args, **kwargs)
-        observed = _observed(attn.hook_attn_scores) or _observed(attn.hook_pattern)
+        observed = has_hooks(attn.hook_attn_scores) or has_hooks(attn.hook_pattern)
         hidden = attn.hook_in(hidden)
         shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
         q = attn.q(hidden).view(shape).transpose(1, 2)
@@ -1097,21 +1098,6 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
         return attn.hook_out(attn.o(z)), pattern
 
     return forward
-
-
-def _observed(point: nn.Module) -> bool:
-    """Whether a hook (own or global, forward or backward) would see ``point``'s tensor
-    (:func:`lens_attrib.backend.has_hooks`, not imported: ``backend`` imports this module)."""
-    from torch.nn.modules import module as nn_module
-
-    return bool(
-        point._forward_hooks
-        or point._forward_pre_hooks
-        or point._backward_hooks
-        or nn_module._global_forward_hooks
-        or nn_module._global_forward_pre_hooks
-        or nn_module._global_backward_hooks
-    )
 
 
 def _lean_eager_attention(
