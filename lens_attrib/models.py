@@ -952,6 +952,8 @@ def load_local_hf(path: Path, dtype: torch.dtype = torch.float32) -> Any:
         except NotImplementedError as err:  # TransformerLens has no converter for it
             raise unsupported_decoder(hf_config) from err
     state_dict = without_rms_biases(cfg, state_dict)  # Phi-3's converter writes zero ln biases
+    if getattr(hf_config, "n_inner", None) and cfg.original_architecture == "GPT2LMHeadModel":
+        cfg.d_mlp = hf_config.n_inner  # TransformerLens 3.9 reads GPT-2's MLP as 4 · n_embd
     cfg.tokenizer_name = None
     cfg.model_name = path.name
     return build_decoder(cfg, state_dict, tokenizer)

@@ -91,54 +91,32 @@ def tiny_tokenizer(encoder: bool = False) -> Any:
     return fast
 
 
+def draw_parameter(
+    name: str, shape: tuple[int, ...], gen: torch.Generator, scale: float = 0.2
+) -> torch.Tensor:
+    """One tiny-model parameter of TransformerLens name ``name``, drawn in float64 from ``gen``:
+    norm gains ``1 + 0.1·N(0, 1)``, biases ``0.05·N(0, 1)``, embeddings and the unembedding
+    ``scale·N(0, 1)``, other matrices ``N(0, 1/fan_in)`` (``fan_in = shape[-2]``)."""
+    if name.endswith((".w", "ln_final.w")) and len(shape) == 1:
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen, dtype=torch.float64)
+    if name.split(".")[-1].startswith("b"):
+        return 0.05 * torch.randn(shape, generator=gen, dtype=torch.float64)
+    fan_in = shape[-2] if len(shape) >= 2 else shape[-1]
+    std = scale if "embed" in name or "W_pos" in name else fan_in**-0.5
+    return std * torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
 def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
     """Random weights with a fixed seed; norm gains near 1, biases small but non-zero."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith((".w", "ln_final.w")) and p.ndim == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-            elif name.split(".")[-1].startswith("b"):
-                p.copy_(0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-            else:
-                fan_in = p.shape[-2] if p.ndim >= 2 else p.shape[-1]
-                std = scale if "embed" in name or "W_pos" in name else fan_in**-0.5
-                p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            p.copy_(draw_parameter(name, tuple(p.shape), gen, scale))
 
 
-def _decoder(cfg_overrides: dict[str, Any], seed: int, dtype: torch.dtype) -> Any:
-    from transformer_lens import HookedTransformer
-    from transformer_lens.config import HookedTransformerConfig
-
-    tokenizer = tiny_tokenizer()
-    cfg: dict[str, Any] = {
-        **TINY_SIZES,
-        "d_vocab": len(tokenizer),
-        "act_fn": "gelu_new",
-        "normalization_type": "LN",
-        "default_prepend_bos": True,
-        "seed": seed,
-    }
-    cfg.update(cfg_overrides)
-    with quiet_deprecation():
-        model = HookedTransformer(
-            HookedTransformerConfig(**cfg), tokenizer=keep_tokenizer_as_is(tokenizer)
-        )
-    _randomize(model, seed)
-    model = model.to(dtype)
-    model.cfg.dtype = dtype
-    model.eval()
-    return model
-
-
-def tiny_gpt2(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """GPT-2 shape: LayerNorm, learned positions, GELU MLP, biases everywhere."""
-    return _decoder({"positional_embedding_type": "standard", **overrides}, seed, dtype)
-
-
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """Llama shape: RMSNorm, rotary, GQA (4 query heads over 2 KV heads), gated SiLU MLP."""
-    cfg: dict[str, Any] = {
+DECODER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": {"positional_embedding_type": "standard"},
+    "llama": {
         "normalization_type": "RMS",
         "positional_embedding_type": "rotary",
         "rotary_dim": 8,
@@ -149,45 +127,121 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
         "act_fn": "silu",
         "final_rms": True,
         "original_architecture": "LlamaForCausalLM",
-    }
-    cfg.update(overrides)
-    model = _decoder(cfg, seed, dtype)
-    zero_biases(model)  # Llama has no biases
-    return model
-
-
-def tiny_pythia(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """GPT-NeoX/Pythia shape: LayerNorm, parallel attention + MLP, partial rotary (4 of 8 dims)."""
-    cfg: dict[str, Any] = {
+    },
+    "pythia": {
         "positional_embedding_type": "rotary",
         "rotary_dim": 4,
         "rotary_adjacent_pairs": False,
         "parallel_attn_mlp": True,
         "act_fn": "gelu",
         "original_architecture": "GPTNeoXForCausalLM",
-    }
-    cfg.update(overrides)
-    return _decoder(cfg, seed, dtype)
+    },
+}
+"""Each tiny decoder's HookedTransformerConfig settings beyond :func:`decoder_config`'s."""
 
 
-def tiny_bert(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """BERT shape (HookedEncoder): post-LN, learned positions, token types, MLM head."""
-    from transformer_lens import HookedEncoder
-    from transformer_lens.config import HookedTransformerConfig
-
-    tokenizer = tiny_tokenizer(encoder=True)
+def decoder_config(kind: str, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The HookedTransformerConfig fields of tiny decoder ``kind`` (``gpt2``, ``llama``,
+    ``pythia``) with ``overrides``; Llama rotates its whole head (``rotary_dim = d_head``)."""
     cfg: dict[str, Any] = {
         **TINY_SIZES,
-        "d_vocab": len(tokenizer),
+        "d_vocab": len(tiny_tokenizer()),
+        "act_fn": "gelu_new",
+        "normalization_type": "LN",
+        "default_prepend_bos": True,
+        "seed": seed,
+        **DECODER_DEFAULTS[kind],
+    }
+    if kind == "llama" and "d_head" in overrides:
+        cfg["rotary_dim"] = overrides["d_head"]
+    cfg.update(overrides)
+    return cfg
+
+
+def encoder_config(seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The HookedTransformerConfig fields of the tiny BERT with ``overrides``."""
+    return {
+        **TINY_SIZES,
+        "d_vocab": len(tiny_tokenizer(encoder=True)),
         "act_fn": "gelu",
         "attention_dir": "bidirectional",
         "normalization_type": "LN",
         "original_architecture": "BertForMaskedLM",
         "seed": seed,
+        **overrides,
     }
-    cfg.update(overrides)
+
+
+def _decoder(kind: str, overrides: dict[str, Any], seed: int, dtype: torch.dtype) -> Any:
+    from transformer_lens import HookedTransformer
+    from transformer_lens.config import HookedTransformerConfig
+
+    cfg = decoder_config(kind, seed, overrides)
     with quiet_deprecation():
-        model = HookedEncoder(HookedTransformerConfig(**cfg), tokenizer=tokenizer)
+        model = HookedTransformer(
+            HookedTransformerConfig(**cfg), tokenizer=keep_tokenizer_as_is(tiny_tokenizer())
+        )
+    _randomize(model, seed)
+    model = model.to(dtype)
+    model.cfg.dtype = dtype
+    model.eval()
+    if kind == "llama":
+        zero_biases(model)  # Llama has no biases
+    return model
+
+
+def _tiny(
+    kind: str, seed: int, dtype: torch.dtype, backend: str | None, overrides: dict[str, Any]
+) -> Any:
+    """Tiny model ``kind`` on ``backend`` (default: the installed TransformerLens'): a
+    HookedTransformer/HookedEncoder on 3.9, the same function as a Hugging Face checkpoint on
+    the TransformerBridge (:mod:`lens_attrib.tiny_checkpoints`)."""
+    from lens_attrib.models import check_backend
+
+    if check_backend(backend) == "bridge":
+        from lens_attrib.tiny_checkpoints import load_tiny
+
+        return load_tiny(kind, seed, dtype, overrides, backend="bridge")
+    if kind == "bert":
+        return _encoder(overrides, seed, dtype)
+    return _decoder(kind, overrides, seed, dtype)
+
+
+def tiny_gpt2(
+    seed: int = 0, dtype: torch.dtype = torch.float32, backend: str | None = None, **overrides: Any
+) -> Any:
+    """GPT-2 shape: LayerNorm, learned positions, GELU MLP, biases everywhere."""
+    return _tiny("gpt2", seed, dtype, backend, overrides)
+
+
+def tiny_llama(
+    seed: int = 0, dtype: torch.dtype = torch.float32, backend: str | None = None, **overrides: Any
+) -> Any:
+    """Llama shape: RMSNorm, rotary, GQA (4 query heads over 2 KV heads), gated SiLU MLP."""
+    return _tiny("llama", seed, dtype, backend, overrides)
+
+
+def tiny_pythia(
+    seed: int = 0, dtype: torch.dtype = torch.float32, backend: str | None = None, **overrides: Any
+) -> Any:
+    """GPT-NeoX/Pythia shape: LayerNorm, parallel attention + MLP, partial rotary (4 of 8 dims)."""
+    return _tiny("pythia", seed, dtype, backend, overrides)
+
+
+def tiny_bert(
+    seed: int = 0, dtype: torch.dtype = torch.float32, backend: str | None = None, **overrides: Any
+) -> Any:
+    """BERT shape (HookedEncoder): post-LN, learned positions, token types, MLM head."""
+    return _tiny("bert", seed, dtype, backend, overrides)
+
+
+def _encoder(overrides: dict[str, Any], seed: int, dtype: torch.dtype) -> Any:
+    from transformer_lens import HookedEncoder
+    from transformer_lens.config import HookedTransformerConfig
+
+    cfg = encoder_config(seed, overrides)
+    with quiet_deprecation():
+        model = HookedEncoder(HookedTransformerConfig(**cfg), tokenizer=tiny_tokenizer(True))
     _randomize(model, seed)
     model = model.to(dtype)
     model.cfg.dtype = dtype
@@ -196,8 +250,20 @@ def tiny_bert(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: An
 
 
 def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
-    """Set every bias parameter (``b_*``, norm biases) to zero, in place."""
+    """Set every bias to zero, in place: the ``b_*`` parameters and norm biases of a
+    HookedTransformer/HookedEncoder, or every ``bias`` of a TransformerBridge's Hugging Face
+    modules (the LM head's included, which the bridge keeps as a buffer)."""
+    from lens_attrib.backend import is_bridge
+
     with torch.no_grad():
+        if is_bridge(model):
+            for name, p in model.named_parameters():
+                if name.split(".")[-1] == "bias":
+                    p.zero_()
+            head_bias = getattr(model.unembed.original_component, "bias", None)
+            if isinstance(head_bias, torch.Tensor):
+                head_bias.zero_()
+            return model
         for name, p in model.named_parameters():
             # GQA stores its key/value biases as ``_b_K``/``_b_V``.
             if name.split(".")[-1].lstrip("_").startswith("b"):
