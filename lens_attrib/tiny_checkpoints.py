@@ -138,6 +138,7 @@ def hooked_parameter_shapes(kind: str, cfg: dict[str, Any]) -> list[tuple[str, t
         ]
 
     def mlp(prefix: str) -> list[tuple[str, tuple[int, ...]]]:
+        names: list[tuple[str, tuple[int, ...]]]
         if cfg.get("gated_mlp"):
             names = [("W_in", (d, m)), ("W_out", (m, d)), ("W_gate", (d, m))]
             names += [("b_in", (m,)), ("b_out", (d,))]
@@ -158,10 +159,8 @@ def hooked_parameter_shapes(kind: str, cfg: dict[str, Any]) -> list[tuple[str, t
             shapes += mlp(f"{block}.mlp") + ln(f"{block}.ln2")
         shapes += [("mlm_head.W", (d, d)), ("mlm_head.b", (d,)), *ln("mlm_head.ln")]
         shapes += [("unembed.W_U", (d, vocab)), ("unembed.b_U", (vocab,))]
-        return shapes + [("nsp_head.W", (d, 2)), ("nsp_head.b", (2,))] + [
-            ("pooler.W", (d, d)),
-            ("pooler.b", (d,)),
-        ]
+        heads = [("nsp_head.W", (d, 2)), ("nsp_head.b", (2,)), ("pooler.W", (d, d))]
+        return [*shapes, *heads, ("pooler.b", (d,))]
     shapes = [("embed.W_E", (vocab, d))]
     if cfg["positional_embedding_type"] == "standard":
         shapes.append(("pos_embed.W_pos", (ctx, d)))
@@ -356,7 +355,7 @@ def hf_config(kind: str, cfg: dict[str, Any]) -> Any:
             num_key_value_heads=cfg.get("n_key_value_heads") or cfg["n_heads"],
             head_dim=cfg["d_head"],
             rms_norm_eps=eps,
-            rope_theta=float(cfg["rotary_base"]),
+            rope_parameters={"rope_type": "default", "rope_theta": float(cfg["rotary_base"])},
             attention_bias=False,
             mlp_bias=False,
             architectures=["LlamaForCausalLM"],
@@ -364,8 +363,11 @@ def hf_config(kind: str, cfg: dict[str, Any]) -> Any:
     return transformers.GPTNeoXConfig(
         **common,
         **sizes,
-        rotary_pct=cfg["rotary_dim"] / cfg["d_head"],
-        rope_theta=float(cfg.get("rotary_base", 10000)),
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": float(cfg.get("rotary_base", 10000)),
+            "partial_rotary_factor": cfg["rotary_dim"] / cfg["d_head"],
+        },
         layer_norm_eps=eps,
         use_parallel_residual=True,
         attention_bias=True,
@@ -398,7 +400,8 @@ def _cache_key(kind: str, seed: int, overrides: dict[str, Any]) -> str:
 
 def tiny_root() -> Path:
     """Where tiny checkpoints are cached: ``$LENS_ATTRIB_TINY_DIR`` or the temporary folder."""
-    return Path(os.environ.get("LENS_ATTRIB_TINY_DIR") or tempfile.gettempdir()) / "lens_attrib_tiny"
+    root = os.environ.get("LENS_ATTRIB_TINY_DIR") or tempfile.gettempdir()
+    return Path(root) / "lens_attrib_tiny"
 
 
 def tiny_folder(kind: str, seed: int = 0, **overrides: Any) -> Path:

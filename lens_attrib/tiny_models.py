@@ -14,7 +14,7 @@ sets every bias to zero for conservation tests.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -260,7 +260,7 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
             for name, p in model.named_parameters():
                 if name.split(".")[-1] == "bias":
                     p.zero_()
-            head_bias = getattr(model.unembed.original_component, "bias", None)
+            head_bias = getattr(cast(Any, model).unembed.original_component, "bias", None)
             if isinstance(head_bias, torch.Tensor):
                 head_bias.zero_()
             return model
