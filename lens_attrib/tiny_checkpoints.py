@@ -4,7 +4,7 @@ on its ``TransformerBridge``.
 
 A tiny model is defined by TransformerLens 3.9's parameters: :func:`hooked_parameter_shapes`
 lists ``HookedTransformer``'s (``HookedEncoder``'s) parameter names and shapes in their order,
-each is drawn from one seeded generator by :func:`lens_attrib.tiny_models.draw_parameter` and
+each is drawn from one seeded generator by :func:`lens_attrib.tiny_spec.draw_parameter` and
 rounded to float32 (the tiny models are built in float32, then cast), and
 :func:`hf_state_dict` lays them out as transformers' checkpoint of the same architecture (the
 inverse of TransformerLens 3.9's weight conversion: ``W_Q [head, d_model, d_head]`` →
@@ -42,6 +42,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_attrib.errors import ModelError
+from lens_attrib.tiny_spec import decoder_config, draw_parameter, encoder_config, tiny_tokenizer
 
 EXTRA_FILE = "lens_attrib_tiny.safetensors"
 """The tiny model's settings a transformers checkpoint has no place for (``unembed.b_U``)."""
@@ -79,8 +80,6 @@ tiny model's default."""
 def tiny_config(kind: str, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
     """The HookedTransformerConfig fields of tiny model ``kind`` with ``overrides``, checked
     against what the transformers checkpoint of ``kind`` expresses."""
-    from lens_attrib.tiny_models import decoder_config, encoder_config
-
     if kind == "bert":
         defaults, cfg = encoder_config(seed, {}), encoder_config(seed, overrides)
     else:
@@ -176,8 +175,6 @@ def hooked_parameter_shapes(kind: str, cfg: dict[str, Any]) -> list[tuple[str, t
 def draw_tiny_parameters(kind: str, cfg: dict[str, Any], seed: int) -> dict[str, Tensor]:
     """The tiny model's parameters by TransformerLens name, float32 (as the tiny model is built):
     drawn in order from ``Generator().manual_seed(seed)``; Llama's biases zero."""
-    from lens_attrib.tiny_models import draw_parameter
-
     gen = torch.Generator().manual_seed(seed)
     params = {
         name: draw_parameter(name, shape, gen).to(torch.float32)
@@ -379,12 +376,12 @@ def hf_config(kind: str, cfg: dict[str, Any]) -> Any:
 
 # --------------------------------------------------------------------------- folders
 def _cache_key(kind: str, seed: int, overrides: dict[str, Any]) -> str:
-    """Digest of the arguments, this code and :mod:`lens_attrib.tiny_models` (the draws)."""
+    """Digest of the arguments, this code and :mod:`lens_attrib.tiny_spec` (the draws)."""
     import transformers
 
-    from lens_attrib import tiny_models
+    from lens_attrib import tiny_spec
 
-    code = Path(__file__).read_bytes() + Path(tiny_models.__file__).read_bytes()
+    code = Path(__file__).read_bytes() + Path(tiny_spec.__file__).read_bytes()
     described = json.dumps(
         {
             "kind": kind,
@@ -411,8 +408,6 @@ def tiny_folder(kind: str, seed: int = 0, **overrides: Any) -> Path:
     partial folder."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, BertForMaskedLM
-
-    from lens_attrib.tiny_models import tiny_tokenizer
 
     if kind not in HF_ARCHITECTURES:
         raise ModelError(f"No tiny model {kind!r}: one of {sorted(HF_ARCHITECTURES)}.")
