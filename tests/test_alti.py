@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import warnings
 
+import einops
 import pytest
 import torch
 from torch import nn
 
+from lens_attrib.backend import norm_params as affine_of
+from lens_attrib.backend import output_weights, value_weights
 from lens_attrib.hooks.guard import model_guard
 from lens_attrib.methods import attribute
 from lens_attrib.methods.alti import alti, alti_logit, alti_mixing_matrices
@@ -97,15 +100,24 @@ def reference_u(model, a) -> torch.Tensor:
     resid = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"][idx, a.target.positions]
     d = model.unembed.W_U[:, a.target.token_ids].T
     ln = model.ln_final
-    if norm_params(ln).center:
+    center, w, _, _ = affine_of(ln)
+    if center:
         resid_c = resid - resid.mean(-1, keepdim=True)
-        scale = (resid_c.pow(2).mean(-1) + ln.eps).sqrt()
-        u = d * ln.w
+        scale = (resid_c.pow(2).mean(-1) + norm_eps(ln)).sqrt()
+        u = d * w
         u = (u - u.mean(-1, keepdim=True)) / scale[:, None]
     else:
-        scale = (resid.pow(2).mean(-1) + ln.eps).sqrt()
-        u = d * ln.w / scale[:, None]
+        scale = (resid.pow(2).mean(-1) + norm_eps(ln)).sqrt()
+        u = d * w / scale[:, None]
     return u, cache
+
+
+def norm_eps(ln) -> float:
+    """The norm's ε (TransformerLens 3.9: ``ln.eps``; the bridge: its Hugging Face module's)."""
+    if hasattr(ln, "original_component"):
+        hf = ln.original_component
+        return float(getattr(hf, "variance_epsilon", None) or hf.eps)
+    return float(ln.eps)
 
 
 @pytest.mark.parametrize("affine", ["source", "separate"])
@@ -122,16 +134,19 @@ def test_head_mlp_and_embedding_parts_match_cache(models64, arch, affine):
     assert torch.allclose(a.parts["embedding"], (emb * u).sum(-1), atol=1e-10)
     for layer in range(model.cfg.n_layers):
         attn = model.blocks[layer].attn
+        w_v, b_v = value_weights(attn, model.cfg.n_heads)
+        w_o, b_o = output_weights(attn)
         z = cache[f"blocks.{layer}.attn.hook_z"][idx, pos]  # [b, head, d_head]
-        per_head = torch.einsum("bhk,hkd,bd->bh", z, attn.W_O, u)
-        theta = attn.b_V.clone()
-        if getattr(model.blocks[layer].ln1, "b", None) is not None:
-            theta = theta + torch.einsum("d,hdk->hk", model.blocks[layer].ln1.b, attn.W_V)
-        bias_share = torch.einsum("hk,hkd,bd->bh", theta, attn.W_O, u)  # Σ_j α = 1
+        per_head = torch.einsum("bhk,hkd,bd->bh", z, w_o, u)
+        theta = b_v.clone()
+        ln1_bias = affine_of(model.blocks[layer].ln1)[2]
+        if ln1_bias is not None:
+            theta = theta + torch.einsum("d,hdk->hk", ln1_bias, w_v)
+        bias_share = torch.einsum("hk,hkd,bd->bh", theta, w_o, u)  # Σ_j α = 1
         expected = per_head if affine == "source" else per_head - bias_share
         assert torch.allclose(a.head_scores[:, layer], expected, atol=1e-10)
         if affine == "source":
-            assert torch.allclose(a.parts["attn_bias"][:, layer], u @ attn.b_O, atol=1e-10)
+            assert torch.allclose(a.parts["attn_bias"][:, layer], u @ b_o, atol=1e-10)
         attn_out = cache[f"blocks.{layer}.hook_attn_out"][idx, pos]
         assert torch.allclose(
             a.head_scores[:, layer].sum(-1) + a.parts["attn_bias"][:, layer],
@@ -152,25 +167,28 @@ def reference_decoder_layer(model, cache, layer, b, affine="source"):
     x = cache[f"blocks.{layer}.hook_resid_pre"][b]
     scale = cache[f"blocks.{layer}.ln1.hook_scale"][b]
     alpha = cache[f"blocks.{layer}.attn.hook_pattern"][b]
-    lin = x - x.mean(-1, keepdim=True) if norm_params(block.ln1).center else x
-    lin = lin / scale * block.ln1.w
-    w_ov = torch.einsum("hdk,hke->hde", block.attn.W_V, block.attn.W_O)
+    center, ln_w, ln_b, _ = affine_of(block.ln1)
+    w_v, b_v = value_weights(block.attn, model.cfg.n_heads)
+    w_o, b_o = output_weights(block.attn)
+    lin = x - x.mean(-1, keepdim=True) if center else x
+    lin = lin / scale * ln_w
+    w_ov = torch.einsum("hdk,hke->hde", w_v, w_o)
     n = x.shape[0]
     t = torch.zeros(n, n, x.shape[-1], dtype=x.dtype)
     for i in range(n):
         for j in range(n):
             t[i, j] = torch.einsum("h,d,hde->e", alpha[:, i, j], lin[j], w_ov)
         t[i, i] += x[i]
-    theta = block.attn.b_V.clone()
-    if getattr(block.ln1, "b", None) is not None:
-        theta = theta + torch.einsum("d,hdk->hk", block.ln1.b, block.attn.W_V)
-    theta_o = torch.einsum("hk,hke->he", theta, block.attn.W_O)
+    theta = b_v.clone()
+    if ln_b is not None:
+        theta = theta + torch.einsum("d,hdk->hk", ln_b, w_v)
+    theta_o = torch.einsum("hk,hke->he", theta, w_o)
     affine_term = torch.einsum("hij,he->ije", alpha, theta_o)
     if affine == "source":
         t = t + affine_term
-        bias = block.attn.b_O.expand(n, -1)
+        bias = b_o.expand(n, -1)
     else:
-        bias = block.attn.b_O + affine_term.sum(1)
+        bias = b_o + affine_term.sum(1)
     if model.cfg.parallel_attn_mlp:
         y = x + cache[f"blocks.{layer}.hook_attn_out"][b]
     else:
@@ -200,15 +218,16 @@ def test_reconstruction_and_reference_mixing(models64, arch, affine, eps):
         block = model.blocks[layer]
         v = cache[f"blocks.{layer}.attn.hook_v"][0]
         theta = value_bias(block.attn, norm_params(block.ln1), v.shape[-2])
+        w_o, b_o = output_weights(block.attn)
         if affine == "separate":
-            o = head_outputs(v - theta, block.attn.W_O)
+            o = head_outputs(v - theta, w_o)
         else:
-            o, theta = head_outputs(v, block.attn.W_O), None
+            o, theta = head_outputs(v, w_o), None
         alpha = cache[f"blocks.{layer}.attn.hook_pattern"][0]
         x = cache[f"blocks.{layer}.hook_resid_pre"][0]
         n = x.shape[0]
         lib_t = transformed_vectors(alpha, o, x, slice(0, n))  # [j, i, d]
-        lib_bias = attention_bias(alpha, theta, block.attn.W_O, block.attn.b_O)
+        lib_bias = attention_bias(alpha, theta, w_o, b_o)
         assert torch.allclose(lib_t.sum(0) + lib_bias, y, atol=1e-10)
         assert torch.allclose(lib_t.transpose(0, 1), t, atol=1e-10)
         # the reference scores every pair, so later tokens get the ε artifact (zero for ε = 0)
@@ -273,6 +292,15 @@ def ungrouped_copy(grouped):
         warnings.simplefilter("ignore")
         model = tiny_llama(dtype=torch.float64, n_key_value_heads=None)
     group = grouped.cfg.n_heads // grouped.cfg.n_key_value_heads
+    if hasattr(grouped, "original_model"):  # the bridge: the Hugging Face modules' weights
+        target = dict(model.original_model.named_parameters())
+        with torch.no_grad():
+            for name, p in grouped.original_model.named_parameters():
+                if p.shape != target[name].shape:  # k_proj / v_proj: [(kv_head d_head), d_model]
+                    heads = einops.rearrange(p, "(n h) m -> n h m", n=grouped.cfg.n_key_value_heads)
+                    p = einops.rearrange(heads.repeat_interleave(group, dim=0), "n h m -> (n h) m")
+                target[name].copy_(p)
+        return model
     state = {}
     for name, p in grouped.state_dict().items():
         if name.split(".")[-1] in ("_W_K", "_W_V", "_b_K", "_b_V"):
