@@ -218,6 +218,8 @@ def load_bridge(
 
     smollm2 = folder.lower() in SMOLLM2_NAMES
     minilm = folder.lower() in MINILM_NAMES
+    if not (smollm2 or minilm):
+        check_not_a_missing_path(folder)  # the hooked backend's errors for a file / no folder
     path = smollm2_hf_folder(cache_dir) if smollm2 else minilm_dir() if minilm else Path(folder)
     if not path.is_dir():
         raise ModelError(
@@ -233,6 +235,8 @@ def load_bridge(
     exact_float64(model)
     if encoder_kind(model.original_model.config) is not None:  # [CLS] … [SEP] kept
         use_tokenizer(model, folder_tokenizer(path))
+    elif not any((path / f).is_file() for f in TOKENIZER_FILES):  # ids only (folder_tokenizer)
+        model.tokenizer = None
     else:
         enable_fused_attention(model)  # the fast path's fused attention (hooks checked per call)
     if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
