@@ -20,6 +20,7 @@ from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.methods.alti import alti_mixing_matrices
 from lens_attrib.methods.decomp import decompx_layers
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2
+from tests.tl_versions import hooked_only
 
 F64 = torch.float64
 FIXTURE = Path(__file__).parent / "fixtures" / "decompx_official" / "outputs.npz"
@@ -84,6 +85,7 @@ def test_the_methods_are_registered_for_encoders_only():
     assert METHODS["globenc"].per_layer and METHODS["alti"].per_layer
 
 
+@hooked_only("the oracle reads HookedEncoder API (run_with_cache masks, encoder_output)")
 @pytest.mark.parametrize("biases", ["absdot", "separate"])
 @pytest.mark.parametrize("which", ["tiny", "minilm"])
 def test_decompx_vectors_sum_to_every_layer_output(bert, minilm64, which, biases):
@@ -102,6 +104,7 @@ def test_decompx_vectors_sum_to_every_layer_output(bert, minilm64, which, biases
             assert (bias_slot == 0) if biases == "absdot" else (bias_slot > 1e-3)
 
 
+@hooked_only("the oracle reads HookedEncoder API (run_with_cache masks, encoder_output)")
 @pytest.mark.parametrize("biases", ["absdot", "separate"])
 @pytest.mark.parametrize("which", ["tiny", "minilm"])
 def test_decompx_class_scores_sum_to_the_logit_minus_the_bias_part(bert, minilm64, which, biases):
@@ -121,6 +124,7 @@ def test_decompx_class_scores_sum_to_the_logit_minus_the_bias_part(bert, minilm6
         assert float(attr.parts["bias"].abs().min()) > 1e-4
 
 
+@hooked_only("the authors' pooler head is built from HookedEncoder's pooler.W/pooler.b")
 @pytest.mark.parametrize("biases", ["absdot", "separate"])
 def test_decompx_equals_the_authors_code_with_pooler_and_classifier(minilm64, official, biases):
     head = _pooler_head(minilm64, official)

@@ -12,6 +12,7 @@ import torch
 
 from lens_attrib import Target, attribute
 from lens_attrib.tiny_models import tiny_gpt2, tiny_pythia
+from tests.tl_versions import hooked_only
 
 F64 = torch.float64
 PROMPTS = ["the keys to the cabinet", "the author near the books is", "a dog"]
@@ -46,6 +47,7 @@ def unembed_head(model):
     return lambda x: model.unembed(x[:, None, :])[:, 0, :]
 
 
+@hooked_only("needs normalization_type=None, which no transformers checkpoint expresses")
 @pytest.mark.parametrize("builder", [tiny_gpt2, tiny_pythia])
 @pytest.mark.parametrize(
     ("baseline", "keep_sink"), [(None, True), ("zero", False), ("mean", "special"), ("pad", True)]
@@ -87,6 +89,7 @@ def test_a_prepended_sink_is_batched_like_the_items_alone():
         assert float(alone.scores[0, 0].abs()) > 0 or b == 2  # the first word is attributed
 
 
+@hooked_only("needs normalization_type=None, which no transformers checkpoint expresses")
 def test_user_hooks_act_in_both_forwards():
     model = frozen_attention(tiny_gpt2)
     target = Target(word_ids(model, ["are", "is", "sees"]), head=unembed_head(model))
@@ -125,6 +128,7 @@ def _fixture_model(captum_fixture, act_fn):
     return model
 
 
+@hooked_only("loads the Captum fixture's weights by TransformerLens 3.9 names")
 @pytest.mark.parametrize(
     ("act_fn", "activations"), [("relu", "all"), ("relu", "captum"), ("gelu_new", "captum")]
 )
