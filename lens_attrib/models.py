@@ -233,6 +233,8 @@ def load_bridge(
         str(path), device=str(torch.device(device or "cpu")), dtype=dtype
     )
     exact_float64(model)
+    if getattr(model.cfg, "original_architecture", None) is None:  # as TransformerLens 3.9 sets it
+        model.cfg.original_architecture = type(model.original_model).__name__
     if encoder_kind(model.original_model.config) is not None:  # [CLS] … [SEP] kept
         use_tokenizer(model, folder_tokenizer(path))
     elif not any((path / f).is_file() for f in TOKENIZER_FILES):  # ids only (folder_tokenizer)

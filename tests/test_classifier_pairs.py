@@ -35,6 +35,7 @@ from lens_attrib.classifiers.finetune import fine_tune, head_rows
 from lens_attrib.classifiers.linear import new_head, residual_features
 from lens_attrib.evaluation.faithfulness import aopc
 from lens_attrib.tiny_models import tiny_bert
+from tests.tl_versions import hooked_only
 
 F64 = torch.float64
 PAIRS = [
@@ -107,6 +108,7 @@ def test_residual_features_of_pairs_use_segments(bert):
     assert float((features - segment0).abs().max()) > 1e-3 * float(segment0.abs().max())
 
 
+@hooked_only("the oracle is HookedEncoder.encoder_output")
 def test_head_rows_of_pairs_use_segments(bert, head):
     out = head_rows(bert, head, PAIRS)
     expected = head(cls_rows(bert, PAIRS))
@@ -114,6 +116,7 @@ def test_head_rows_of_pairs_use_segments(bert, head):
     assert not close(out, head(cls_rows(bert, PAIRS, segments=False)), 1e-3)
 
 
+@hooked_only("the oracle is HookedEncoder.encoder_output")
 def test_fine_tune_on_pairs_trains_with_segments(bert, head):
     targets = torch.tensor(SCORES, dtype=F64)
     tuned, tuned_head, info = fine_tune(
@@ -147,6 +150,7 @@ def clf(bert, head) -> Classifier:
     return Classifier(bert, head, ClassifierInfo("tiny-stsb", None, True, 0))
 
 
+@hooked_only("the oracle is HookedEncoder.encoder_output")
 def test_faithfulness_items_and_outputs_carry_segments(bert, clf, monkeypatch):
     from experiments import faithfulness
 
@@ -182,6 +186,7 @@ def masked_output(
         return head(model.encoder_output(ids[None], types)[:, 0])[0, 0]
 
 
+@hooked_only("the oracle is HookedEncoder.encoder_output")
 def test_attribution_and_aopc_keep_segments(bert, clf):
     attr = attribute(bert, PAIRS, clf.info.target(clf.head), method="grad_x_input")
     for b, (a, s) in enumerate(PAIRS):
@@ -200,6 +205,7 @@ def test_attribution_and_aopc_keep_segments(bert, clf):
         assert not close(res.perturbed_values["without_top"][b, 0], segment0, 1e-8)
 
 
+@hooked_only("the oracle is HookedEncoder.encoder_output")
 def test_frozen_classifier_is_the_linear_head_on_pairs(bert, tmp_path):
     from lens_attrib.classifiers import load_classifier
 
