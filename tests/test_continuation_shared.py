@@ -26,6 +26,7 @@ from lens_attrib import Target, attribute
 from lens_attrib.fastpath import enable_fast_forward
 from lens_attrib.inputs import to_batch
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+from tests.tl_versions import BRIDGE
 
 PROMPT = "the keys to the"
 CONTINUATION = "cabinet is on"
@@ -51,7 +52,8 @@ def _model(arch: str):
     """float64 tiny models; the Llama one with the fast path that ``load_model`` enables."""
     if arch == "gpt2":
         return tiny_gpt2(dtype=torch.float64)
-    return enable_fast_forward(tiny_llama(dtype=torch.float64))
+    llama = tiny_llama(dtype=torch.float64)
+    return llama if BRIDGE else enable_fast_forward(llama)  # the bridge: load_model's fused path
 
 
 @contextmanager

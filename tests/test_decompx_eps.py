@@ -18,7 +18,6 @@ import torch
 from lens_attrib import OptionError, Target, attribute, load_model
 from lens_attrib.methods.decomp import BiasRule, decompx_layers, zero_origin_slope
 from lens_attrib.tiny_models import tiny_bert
-from tests.tl_versions import hooked_only
 
 F64 = torch.float64
 AUTHORS = 1e-12
@@ -122,7 +121,6 @@ def _worst_classifier(classifier, official, biases, name, eps, segments=True) ->
     return worst
 
 
-@hooked_only("the bridge backend refuses BertForSequenceClassification folders")
 @pytest.mark.parametrize(("biases", "name"), SETTINGS)
 def test_authors_eps_reproduces_their_float64_decompx(classifier, official, biases, name):
     """Pooler + classifier contributions of the authors' code in float64 (one item a sentence
@@ -134,7 +132,6 @@ def test_authors_eps_reproduces_their_float64_decompx(classifier, official, bias
     assert _worst_classifier(classifier, official, biases, name, AUTHORS, segments=False) > 1e-3
 
 
-@hooked_only("the bridge backend refuses BertForSequenceClassification folders")
 @pytest.mark.parametrize(("biases", "name"), SETTINGS)
 def test_authors_eps_reproduces_their_cls_norms(classifier, official, biases, name):
     """ℓ2 norms of the last layer's decomposed [CLS] vectors (no head), bias token last."""

@@ -19,14 +19,11 @@ import torch
 from lens_attrib import Target, attribute, load_model
 from lens_attrib.backend import attached_head
 from lens_attrib.tiny_models import tiny_tokenizer
-from tests.tl_versions import hooked_only
 
 F64 = torch.float64
 FIXTURE = Path(__file__).parent / "fixtures" / "deeplift_captum_bert_classifier"
 EXACT = 1e-10  # relative to the largest |score| of the item: float64 rounding
 N_ITEMS = 3
-
-pytestmark = hooked_only("the bridge backend refuses BertForSequenceClassification folders")
 
 
 @pytest.fixture(scope="module")
