@@ -101,6 +101,7 @@ def test_task_data_gives_pairs_and_records_the_encoding():
     assert about["pair_encoding"] == PAIR_ENCODING
 
 
+@hooked_only("the oracle is HookedEncoder.encoder_output")
 def test_residual_features_of_pairs_use_segments(bert):
     features = residual_features(bert, PAIRS, batch_size=2)  # padded batches
     assert close(features, cls_rows(bert, PAIRS))
