@@ -82,6 +82,7 @@ backend="bridge")`` does this), as TransformerLens 3.9's loader does.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -497,7 +498,7 @@ def call_context(model: Any) -> Iterator[None]:
             model.cfg.layer_norm_folding = False
         if encoder_names:
             model._add_aliases_to_hooks = _aliases_with(model, encoder_names)
-            with live_patterns(model):
+            with live_patterns(model), roberta_positions(model):
                 yield
         else:
             with expert_hooks(model), fused_attention(model):  # per-expert hooks; fused attention
@@ -595,8 +596,9 @@ def _float64_rotary_forward(rotary: Any, x: Tensor, position_ids: Tensor) -> tup
 
 
 # --------------------------------------------------------------------------- encoders (BERT)
-ENCODER_ADAPTERS = ("BertArchitectureAdapter",)
-"""The encoder bridges mapped here: BERT (post-LN blocks, learned positions, token types)."""
+ENCODER_ADAPTERS = ("BertArchitectureAdapter", "RobertaArchitectureAdapter")
+"""The encoder bridges mapped here: BERT and RoBERTa (post-LN blocks, learned positions, token
+types; RoBERTa's positions from ``padding_idx + 1``: :func:`roberta_positions`)."""
 
 
 def encoder_arch(model: Any) -> Arch:
@@ -655,6 +657,39 @@ def encoder_hook_names(model: Any) -> dict[str, str]:
     return names
 
 
+@contextmanager
+def roberta_positions(model: Any) -> Iterator[None]:
+    """For one call, a RoBERTa bridge numbers positions ``padding_idx + 1 + i`` (``i`` the index
+    in the row), as TransformerLens 3.9's ``HookedEncoder`` of the same folder (its position table
+    starts at that row); BERT is left as it is.
+
+    transformers' RoBERTa embedding numbers only tokens whose id is not the padding id, so a
+    token equal to it inside a row (a tokenizer whose ``[UNK]`` has that id, a replacement
+    token) would shift every later position there, and the methods' forwards would disagree
+    with the hooked backend's; position ids given by the caller are kept.
+    """
+    embeddings = getattr(model.original_model.base_model, "embeddings", None)
+    offset = getattr(embeddings, "padding_idx", None)
+    if offset is None or not hasattr(embeddings, "create_position_ids_from_input_ids"):
+        yield
+        return
+
+    def numbered(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("position_ids") is not None:
+            return None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        rows = ids if ids is not None else kwargs["inputs_embeds"]
+        start = int(offset) + 1
+        positions = torch.arange(start, start + rows.shape[1], device=rows.device)
+        return args, {**kwargs, "position_ids": positions.expand(rows.shape[0], -1)}
+
+    handle = embeddings.register_forward_pre_hook(numbered, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _aliases_with(model: Any, names: dict[str, str]) -> Callable[[dict[str, Any]], None]:
     """The bridge's alias resolution, then ``names`` (3.9 name → the bridge's canonical name)."""
     resolve = type(model)._add_aliases_to_hooks
@@ -698,9 +733,15 @@ def encoder_final_residual(
 
 def _mlm_activation(model: Any) -> Callable[[Tensor], Tensor]:
     """The activation between the MLM head's dense layer and its LayerNorm (BERT's
-    ``cls.predictions.transform.transform_act_fn``)."""
-    transform = model.original_model.cls.predictions.transform
-    return cast("Callable[[Tensor], Tensor]", transform.transform_act_fn)
+    ``cls.predictions.transform.transform_act_fn``; RoBERTa's ``RobertaLMHead`` calls its
+    module's ``gelu``, the exact GELU, which is read from that module)."""
+    hf = model.original_model
+    if hasattr(hf, "cls"):
+        return cast("Callable[[Tensor], Tensor]", hf.cls.predictions.transform.transform_act_fn)
+    act = getattr(sys.modules[type(hf.lm_head).__module__], "gelu", None)
+    if not callable(act):
+        raise ModelError(f"Cannot find the activation of {type(hf.lm_head).__name__}.")
+    return cast("Callable[[Tensor], Tensor]", act)
 
 
 def mlm_transform(model: Any) -> Head:
