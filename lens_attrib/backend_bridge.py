@@ -59,18 +59,20 @@ with the arguments the Hugging Face forward passes them (masks, positions, rotar
 by a forward pre-hook on a short forward (:func:`block_arguments`): the bridge's own
 ``start_at_layer`` still runs every block below.
 
-BERT encoders (``BertForMaskedLM``, ``BertModel``; section "encoders" below): the bridge names
-their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for ``embed.hook_embed``,
-``embed_ln.hook_out`` for ``hook_full_embed``, and ``hook_attn_out``, ``hook_resid_mid``,
-``hook_resid_post`` are other activations), so :func:`call_context` resolves the 3.9 names for the
+BERT and RoBERTa encoders (``*ForMaskedLM``, ``*Model``, ``*ForSequenceClassification`` booted
+as ``*ForMaskedLM`` by :func:`lens_attrib.models.load_bridge`; section "encoders" below): the
+bridge names their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for
+``embed.hook_embed``, ``embed_ln.hook_out`` for ``hook_full_embed``, and ``hook_attn_out``,
+``hook_resid_mid``, ``hook_resid_post`` are other activations), so :func:`call_context` resolves the 3.9 names for the
 length of each call (:func:`encoder_hook_names`); the attention bridge runs Hugging Face's
 attention and fires ``hook_pattern`` after the fact, so each call computes it with
 :func:`hooked_eager_attention` (pattern edits reach the output, as CP-LRP and fixed routing need);
 the MLM head is ``mlm_head`` (dense) + Hugging Face's activation + ``ln_final``
 (:func:`mlm_transform`, :func:`mlm_head_parts`); a ``BertModel`` checkpoint booted as
 ``BertForMaskedLM`` has no token logits (:func:`has_mlm_head`); and ``boot_transformers``' tokenizer
-drops ``[CLS] … [SEP]`` (:func:`use_tokenizer`). Other encoders (RoBERTa, …) raise naming
-``backend="hooked"``.
+drops ``[CLS] … [SEP]`` (:func:`use_tokenizer`); RoBERTa's MLM head calls its module's GELU and its
+positions are numbered ``padding_idx + 1 + i`` for each call (:func:`roberta_positions`). Other
+encoders (XLM-R, …) raise naming ``backend="hooked"``.
 
 A float64 bridge computes exactly in float64 only where Hugging Face and the bridge do:
 Llama-family rotary tables are float32 in transformers, the rotary attention bridge takes its
@@ -668,7 +670,7 @@ def roberta_positions(model: Any) -> Iterator[None]:
     token) would shift every later position there, and the methods' forwards would disagree
     with the hooked backend's; position ids given by the caller are kept.
     """
-    embeddings = getattr(model.original_model.base_model, "embeddings", None)
+    embeddings: Any = getattr(model.original_model.base_model, "embeddings", None)
     offset = getattr(embeddings, "padding_idx", None)
     if offset is None or not hasattr(embeddings, "create_position_ids_from_input_ids"):
         yield

@@ -50,7 +50,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -245,7 +245,7 @@ def load_bridge(
     if kind is not None:  # [CLS] … [SEP] kept
         # the checkpoint's own class again (the bridge booted it as *ForMaskedLM): a made-up MLM
         # head is not the model's (backend_bridge.has_mlm_head reads this)
-        model.original_model.config.architectures = saved or None
+        cast(Any, model.original_model).config.architectures = saved or None
         use_tokenizer(model, folder_tokenizer(path))
         if kind == "ForSequenceClassification":
             attach_checkpoint_head(model, path, hf_config, dtype)
