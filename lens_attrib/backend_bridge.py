@@ -59,13 +59,13 @@ with the arguments the Hugging Face forward passes them (masks, positions, rotar
 by a forward pre-hook on a short forward (:func:`block_arguments`): the bridge's own
 ``start_at_layer`` still runs every block below.
 
-BERT and RoBERTa encoders (``*ForMaskedLM``, ``*Model``, ``*ForSequenceClassification`` booted
-as ``*ForMaskedLM`` by :func:`lens_attrib.models.load_bridge`; section "encoders" below): the
-bridge names their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for
+BERT and RoBERTa encoders (``*ForMaskedLM``, ``*Model``, ``*ForSequenceClassification`` booted as
+``*ForMaskedLM`` by :func:`lens_attrib.models.load_bridge`; section "encoders" below): the bridge
+names their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for
 ``embed.hook_embed``, ``embed_ln.hook_out`` for ``hook_full_embed``, and ``hook_attn_out``,
-``hook_resid_mid``, ``hook_resid_post`` are other activations), so :func:`call_context` resolves the 3.9 names for the
-length of each call (:func:`encoder_hook_names`); the attention bridge runs Hugging Face's
-attention and fires ``hook_pattern`` after the fact, so each call computes it with
+``hook_resid_mid``, ``hook_resid_post`` are other activations), so :func:`call_context` resolves the
+3.9 names for the length of each call (:func:`encoder_hook_names`); the attention bridge runs
+Hugging Face's attention and fires ``hook_pattern`` after the fact, so each call computes it with
 :func:`hooked_eager_attention` (pattern edits reach the output, as CP-LRP and fixed routing need);
 the MLM head is ``mlm_head`` (dense) + Hugging Face's activation + ``ln_final``
 (:func:`mlm_transform`, :func:`mlm_head_parts`); a ``BertModel`` checkpoint booted as
