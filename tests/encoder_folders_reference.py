@@ -12,9 +12,10 @@ references came from. Made under TransformerLens 3.9 by::
 
     HF_HUB_OFFLINE=1 python -m tests.encoder_folders_reference
 
-which runs every case of :data:`CASES` (and :data:`ABLATION_CASES` with a user's hook zeroing
-head 1 of layer 1 at ``hook_z``) on ``load_model(folder, dtype=float64, backend="hooked")`` on
-one thread and writes ``tests/fixtures/backends/encoder_folders.npz``.
+which runs every case of :data:`CASES`, evaluation metrics (:func:`evaluation_arrays`) and
+:data:`ABLATION_CASES` (with a user's hook zeroing head 1 of layer 1 at ``hook_z``) on
+``load_model(folder, dtype=float64, backend="hooked")`` on one thread and writes
+``tests/fixtures/backends/encoder_folders.npz``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ PAIRS = [("the keys to the cabinet are", "a dog is near the cat"), ("the keys ar
 """Sentence pairs for the BERT classifier (segment ids 0 and 1)."""
 
 CLASS_METHODS = ref.ENCODER_METHODS
+REAGENT = {"num_probes": 2, "max_probe_steps": 2, "stopping_condition_top_k": 1}
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[("roberta_mlm", method, {}) for method in ref.ENCODER_METHODS],
     ("roberta_mlm", "integrated_gradients", {"n_steps": 8}),
@@ -53,7 +55,10 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     *[(folder, method, {}) for folder in ("roberta_cls", "bert_cls") for method in CLASS_METHODS],
     *[(folder, "integrated_gradients", {"n_steps": 8}) for folder in ("roberta_cls", "bert_cls")],
     *[(folder, "attnlrp", {"heads": True}) for folder in ("roberta_cls", "bert_cls")],
+    *[(folder, "reagent", REAGENT) for folder in ("roberta_mlm", "roberta_cls", "bert_cls")],
 ]
+EVAL_FOLDERS = ("roberta_mlm", "roberta_cls", "bert_cls")
+"""Folders whose AttnLRP attribution is evaluated (:func:`evaluation_arrays`)."""
 ABLATION_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("roberta_cls", "attnlrp", {"heads": True}),
     ("bert_cls", "grad_x_input", {"heads": True}),
@@ -161,6 +166,37 @@ def case_arrays(
     }
 
 
+def evaluation_arrays(model: Any, folder: str) -> dict[str, np.ndarray]:
+    """AOPC, insertion/deletion and Soft-NC/NS (dynamic and fixed routing) of the folder's
+    AttnLRP attribution, through its target's head: keys ``eval/folder/what/field``."""
+    import warnings
+
+    from lens_attrib import attribute
+    from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
+    from lens_attrib.evaluation.soft import soft_metrics
+
+    attr = attribute(model, inputs(folder), target(folder), method="attnlrp")
+    results: dict[str, Any] = {
+        "aopc": aopc(model, attr),
+        "insertion_deletion": insertion_deletion(model, attr, steps=4),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # π unreachable on random weights
+        for routing in ("dynamic", "fixed"):
+            results[f"soft_{routing}"] = soft_metrics(model, attr, n_draws=4, routing=routing)
+    fields = {
+        "aopc": ("comprehensiveness", "sufficiency"),
+        "insertion_deletion": ("deletion", "insertion"),
+        "soft_dynamic": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
+        "soft_fixed": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
+    }
+    return {
+        f"eval/{folder}/{what}/{field}": getattr(results[what], field).numpy()
+        for what, names in fields.items()
+        for field in names
+    }
+
+
 def compute(models: dict[str, Any]) -> dict[str, np.ndarray]:
     """Every case on ``models`` (folder name → loaded model), on one thread."""
     threads = torch.get_num_threads()
@@ -169,6 +205,8 @@ def compute(models: dict[str, Any]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for folder, method, options in CASES:
             out.update(case_arrays(models[folder], folder, method, options))
+        for folder in EVAL_FOLDERS:
+            out.update(evaluation_arrays(models[folder], folder))
         for folder, method, options in ABLATION_CASES:
             models[folder].add_hook(ref.ABLATED_HOOK, ref.ablate_head)
             try:

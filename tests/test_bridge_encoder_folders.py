@@ -32,6 +32,7 @@ from tests import encoder_folders_reference as efr
 
 F64 = torch.float64
 TOLERANCE = 1e-10
+pytestmark = pytest.mark.filterwarnings("ignore:reagent. no probe:RuntimeWarning")
 needs_bridge = pytest.mark.skipif(
     transformer_lens_major() < 4, reason="TransformerLens ≥ 4 not installed"
 )
@@ -86,6 +87,16 @@ def test_every_method_equals_the_hooked_reference(case, loaded, reference):
             model.reset_hooks()
     key = ("ablated/" if ablated else "") + ref.key_of(folder, method, options)
     assert set(got) == {k for k in reference if k.startswith(key + "/")}
+    for name, value in got.items():
+        _close(torch.as_tensor(value), torch.as_tensor(reference[name]))
+
+
+@pytest.mark.parametrize("folder", efr.EVAL_FOLDERS)
+def test_evaluation_equals_the_hooked_reference(folder, loaded, reference):
+    """AOPC, insertion/deletion and Soft-NC/NS through the folder's head (MLM or the
+    checkpoint's class head), as the 3.9 backend computes them."""
+    got = efr.evaluation_arrays(loaded[folder], folder)
+    assert set(got) == {k for k in reference if k.startswith(f"eval/{folder}/")}
     for name, value in got.items():
         _close(torch.as_tensor(value), torch.as_tensor(reference[name]))
 
