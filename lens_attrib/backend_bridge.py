@@ -503,7 +503,7 @@ def call_context(model: Any) -> Iterator[None]:
             with live_patterns(model), roberta_positions(model):
                 yield
         else:
-            with expert_hooks(model), fused_attention(model):  # per-expert hooks; fused attention
+            with expert_hooks(model), fused_attention(model, attns):  # per-expert hooks; fused
                 yield
     finally:
         if encoder_names:
@@ -1164,12 +1164,13 @@ def _lean_eager_attention(
 
 
 @contextmanager
-def fused_attention(model: Any) -> Iterator[None]:
+def fused_attention(model: Any, attns: list[Any] | None = None) -> Iterator[None]:
     """For one call, every plain rotary attention bridge (:func:`_plain_rotary_attention`) takes
-    :func:`_fused_attention_forward`; restored on exit."""
+    :func:`_fused_attention_forward`; restored on exit. ``attns``: the model's attention bridges
+    when the caller has them (:func:`_attention_bridges`; one walk of the module tree less)."""
     patched = [
         m
-        for m in _attention_bridges(model)
+        for m in (_attention_bridges(model) if attns is None else attns)
         if "forward" not in vars(m) and _plain_rotary_attention(m)  # not already fused
     ]
     try:

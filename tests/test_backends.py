@@ -207,6 +207,22 @@ def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
         assert torch.equal(model(tokens), logits)
 
 
+@pytest.mark.parametrize("arch", ref.FOLDERS)
+def test_the_guards_walk_is_named_modules(arch, loaded):
+    """The guard's explicit-stack walk (:func:`lens_attrib.hooks.guard.named_modules`) gives
+    ``named_modules()``'s names and modules in its order, and every parameter once (under
+    ``named_parameters()``' names where TransformerLens does not rename them: 3.9)."""
+    from lens_attrib.hooks.guard import named_modules, named_parameters
+
+    model = loaded[arch]
+    walk = named_modules(model)
+    assert [(n, id(m)) for n, m in walk] == [(n, id(m)) for n, m in model.named_modules()]
+    params = named_parameters(walk)
+    assert sorted(map(id, params.values())) == sorted(map(id, model.parameters()))
+    if not BRIDGE:  # the bridge names its parameters by its own scheme
+        assert list(params) == [n for n, _ in model.named_parameters()]
+
+
 def _bridge_flags(model: Any) -> list[tuple[str, Any]]:
     flags: list[tuple[str, Any]] = [
         (name, bool(getattr(m, flag)))
