@@ -1,5 +1,5 @@
-"""The TransformerLens 4 backend: ``TransformerBridge`` decoders and BERT encoders (a Hugging Face
-model with hooks).
+"""The TransformerLens 4 backend: ``TransformerBridge`` decoders and BERT / RoBERTa encoders (a
+Hugging Face model with hooks).
 
 The functions of :data:`lens_attrib.backend.BACKEND_INTERFACE` for a ``TransformerBridge``. The
 bridge resolves TransformerLens 3.9's hook names as aliases (``blocks.L.hook_resid_pre`` is
