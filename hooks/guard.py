@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,21 +44,59 @@ class _Snapshot:
     devices: dict[str, torch.device]
     hook_keys: dict[str, dict[str, set[int]]]
     hookpoint_handles: dict[str, tuple[int, int]]
+    params: dict[str, nn.Parameter] = field(default_factory=dict, repr=False)
+
+
+def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``list(model.named_modules())`` (the same names, in the same order: pre-order, each module
+    once under the first path that reaches it) by an explicit stack instead of nested
+    generators, whose cost grows with the depth: a TransformerBridge reaches each of its ~2000
+    modules along ~16 edges (Hugging Face's modules hang under the bridge's components too)."""
+    out: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        out.append((name, module))
+        prefix = name + "." if name else ""
+        children = [
+            (prefix + key, child) for key, child in module._modules.items() if child is not None
+        ]
+        stack.extend(reversed(children))
+    return out
+
+
+def named_parameters(modules: list[tuple[str, nn.Module]]) -> dict[str, nn.Parameter]:
+    """``dict(model.named_parameters())`` from :func:`named_modules`' list (each parameter once,
+    under its first name)."""
+    out: dict[str, nn.Parameter] = {}
+    seen: set[int] = set()
+    for name, module in modules:
+        prefix = name + "." if name else ""
+        for key, param in module._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                out[prefix + key] = param
+    return out
 
 
 def _snapshot(model: nn.Module) -> _Snapshot:
-    params = dict(model.named_parameters())
+    modules = named_modules(model)  # one walk (a bridge's tree is large)
+    params = named_parameters(modules)
     hook_keys: dict[str, dict[str, set[int]]] = {}
     handles: dict[str, tuple[int, int]] = {}
     training: dict[str, bool] = {}
-    for name, module in model.named_modules():  # one walk (a bridge's tree is large)
-        training[name] = module.training
-        hook_keys[name] = {
-            attr: set(getattr(module, attr).keys()) for attr in _HOOK_DICTS if hasattr(module, attr)
-        }
-        state = vars(module)  # not hasattr: a TransformerBridge component's __getattr__ is slow
+    for name, module in modules:
+        # read the instance dict, not getattr/hasattr: a TransformerBridge component's
+        # __getattr__ fallback is slow, and a bridge has ~2000 modules
+        state = vars(module)
+        training[name] = state["training"] if "training" in state else module.training
+        hook_keys[name] = {attr: set(state[attr]) for attr in _HOOK_DICTS if state.get(attr)}
         if "fwd_hooks" in state and "bwd_hooks" in state:
-            handles[name] = (len(module.fwd_hooks), len(module.bwd_hooks))
+            handles[name] = (len(state["fwd_hooks"]), len(state["bwd_hooks"]))
     return _Snapshot(
         training=training,
         requires_grad={n: p.requires_grad for n, p in params.items()},
@@ -67,37 +105,40 @@ def _snapshot(model: nn.Module) -> _Snapshot:
         devices={n: p.device for n, p in params.items()},
         hook_keys=hook_keys,
         hookpoint_handles=handles,
+        params=params,
     )
 
 
 def _restore(model: nn.Module, snap: _Snapshot) -> None:
-    modules = dict(model.named_modules())
     # Hooks: remove whatever was added inside the guard, keep the user's own.
-    for name, module in modules.items():
+    modules = named_modules(model)
+    for name, module in modules:
+        state = vars(module)  # as in _snapshot: no slow attribute fallback
         if name in snap.hookpoint_handles:
             n_fwd, n_bwd = snap.hookpoint_handles[name]
-            for handle in module.fwd_hooks[n_fwd:]:
+            fwd_hooks, bwd_hooks = state["fwd_hooks"], state["bwd_hooks"]
+            for handle in fwd_hooks[n_fwd:]:
                 handle.hook.remove()
-            for handle in module.bwd_hooks[n_bwd:]:
+            for handle in bwd_hooks[n_bwd:]:
                 handle.hook.remove()
-            del module.fwd_hooks[n_fwd:]
-            del module.bwd_hooks[n_bwd:]
+            del fwd_hooks[n_fwd:]
+            del bwd_hooks[n_bwd:]
         before = snap.hook_keys.get(name, {})
         for attr in _HOOK_DICTS:
-            if not hasattr(module, attr):
+            hooks = state.get(attr)
+            if not hooks:
                 continue
-            hooks = getattr(module, attr)
-            for key in list(hooks.keys()):
-                if key not in before.get(attr, set()):
-                    del hooks[key]
-    for name, module in modules.items():
-        if name in snap.training and module.training != snap.training[name]:
+            for key in hooks.keys() - before.get(attr, set()):
+                del hooks[key]
+        if name in snap.training and state.get("training", module.training) != snap.training[name]:
             module.training = snap.training[name]
-    for name, param in model.named_parameters():
+    for name, param in named_parameters(modules).items():
         if param.dtype != snap.dtypes[name] or param.device != snap.devices[name]:
             param.data = param.data.to(device=snap.devices[name], dtype=snap.dtypes[name])
-        param.requires_grad_(snap.requires_grad[name])
-        param.grad = snap.grads[name]
+        if param.requires_grad != snap.requires_grad[name]:
+            param.requires_grad_(snap.requires_grad[name])
+        if param.grad is not snap.grads[name]:
+            param.grad = snap.grads[name]
 
 
 @contextmanager
@@ -110,8 +151,9 @@ def model_guard(model: nn.Module, *, eval_mode: bool = True) -> Iterator[nn.Modu
     snap = _snapshot(model)
     protected = protect_saved_outputs(model)
     try:
-        for param in model.parameters():
-            param.requires_grad_(False)
+        for param in snap.params.values():
+            if param.requires_grad:
+                param.requires_grad_(False)
         if eval_mode and any(snap.training.values()):  # eval() walks every module (slow on
             model.eval()  # a TransformerBridge, whose module tree holds Hugging Face's twice)
         with call_context(model):  # a backend's per-call settings (TransformerBridge norms)

@@ -1,5 +1,5 @@
-"""The TransformerLens 4 backend: ``TransformerBridge`` decoders and BERT encoders (a Hugging Face
-model with hooks).
+"""The TransformerLens 4 backend: ``TransformerBridge`` decoders and BERT / RoBERTa encoders (a
+Hugging Face model with hooks).
 
 The functions of :data:`lens_attrib.backend.BACKEND_INTERFACE` for a ``TransformerBridge``. The
 bridge resolves TransformerLens 3.9's hook names as aliases (``blocks.L.hook_resid_pre`` is
@@ -59,18 +59,20 @@ with the arguments the Hugging Face forward passes them (masks, positions, rotar
 by a forward pre-hook on a short forward (:func:`block_arguments`): the bridge's own
 ``start_at_layer`` still runs every block below.
 
-BERT encoders (``BertForMaskedLM``, ``BertModel``; section "encoders" below): the bridge names
-their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for ``embed.hook_embed``,
-``embed_ln.hook_out`` for ``hook_full_embed``, and ``hook_attn_out``, ``hook_resid_mid``,
-``hook_resid_post`` are other activations), so :func:`call_context` resolves the 3.9 names for the
-length of each call (:func:`encoder_hook_names`); the attention bridge runs Hugging Face's
-attention and fires ``hook_pattern`` after the fact, so each call computes it with
+BERT and RoBERTa encoders (``*ForMaskedLM``, ``*Model``, ``*ForSequenceClassification`` booted as
+``*ForMaskedLM`` by :func:`lens_attrib.models.load_bridge`; section "encoders" below): the bridge
+names their activations otherwise than ``HookedEncoder`` (``embed.hook_out`` for
+``embed.hook_embed``, ``embed_ln.hook_out`` for ``hook_full_embed``, and ``hook_attn_out``,
+``hook_resid_mid``, ``hook_resid_post`` are other activations), so :func:`call_context` resolves the
+3.9 names for the length of each call (:func:`encoder_hook_names`); the attention bridge runs
+Hugging Face's attention and fires ``hook_pattern`` after the fact, so each call computes it with
 :func:`hooked_eager_attention` (pattern edits reach the output, as CP-LRP and fixed routing need);
 the MLM head is ``mlm_head`` (dense) + Hugging Face's activation + ``ln_final``
 (:func:`mlm_transform`, :func:`mlm_head_parts`); a ``BertModel`` checkpoint booted as
 ``BertForMaskedLM`` has no token logits (:func:`has_mlm_head`); and ``boot_transformers``' tokenizer
-drops ``[CLS] … [SEP]`` (:func:`use_tokenizer`). Other encoders (RoBERTa, …) raise naming
-``backend="hooked"``.
+drops ``[CLS] … [SEP]`` (:func:`use_tokenizer`); RoBERTa's MLM head calls its module's GELU and its
+positions are numbered ``padding_idx + 1 + i`` for each call (:func:`roberta_positions`). Other
+encoders (XLM-R, …) raise naming ``backend="hooked"``.
 
 A float64 bridge computes exactly in float64 only where Hugging Face and the bridge do:
 Llama-family rotary tables are float32 in transformers, the rotary attention bridge takes its
@@ -82,6 +84,7 @@ backend="bridge")`` does this), as TransformerLens 3.9's loader does.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -497,10 +500,10 @@ def call_context(model: Any) -> Iterator[None]:
             model.cfg.layer_norm_folding = False
         if encoder_names:
             model._add_aliases_to_hooks = _aliases_with(model, encoder_names)
-            with live_patterns(model):
+            with live_patterns(model), roberta_positions(model):
                 yield
         else:
-            with expert_hooks(model), fused_attention(model):  # per-expert hooks; fused attention
+            with expert_hooks(model), fused_attention(model, attns):  # per-expert hooks; fused
                 yield
     finally:
         if encoder_names:
@@ -595,8 +598,9 @@ def _float64_rotary_forward(rotary: Any, x: Tensor, position_ids: Tensor) -> tup
 
 
 # --------------------------------------------------------------------------- encoders (BERT)
-ENCODER_ADAPTERS = ("BertArchitectureAdapter",)
-"""The encoder bridges mapped here: BERT (post-LN blocks, learned positions, token types)."""
+ENCODER_ADAPTERS = ("BertArchitectureAdapter", "RobertaArchitectureAdapter")
+"""The encoder bridges mapped here: BERT and RoBERTa (post-LN blocks, learned positions, token
+types; RoBERTa's positions from ``padding_idx + 1``: :func:`roberta_positions`)."""
 
 
 def encoder_arch(model: Any) -> Arch:
@@ -655,6 +659,39 @@ def encoder_hook_names(model: Any) -> dict[str, str]:
     return names
 
 
+@contextmanager
+def roberta_positions(model: Any) -> Iterator[None]:
+    """For one call, a RoBERTa bridge numbers positions ``padding_idx + 1 + i`` (``i`` the index
+    in the row), as TransformerLens 3.9's ``HookedEncoder`` of the same folder (its position table
+    starts at that row); BERT is left as it is.
+
+    transformers' RoBERTa embedding numbers only tokens whose id is not the padding id, so a
+    token equal to it inside a row (a tokenizer whose ``[UNK]`` has that id, a replacement
+    token) would shift every later position there, and the methods' forwards would disagree
+    with the hooked backend's; position ids given by the caller are kept.
+    """
+    embeddings: Any = getattr(model.original_model.base_model, "embeddings", None)
+    offset = getattr(embeddings, "padding_idx", None)
+    if offset is None or not hasattr(embeddings, "create_position_ids_from_input_ids"):
+        yield
+        return
+
+    def numbered(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("position_ids") is not None:
+            return None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        rows = ids if ids is not None else kwargs["inputs_embeds"]
+        start = int(offset) + 1
+        positions = torch.arange(start, start + rows.shape[1], device=rows.device)
+        return args, {**kwargs, "position_ids": positions.expand(rows.shape[0], -1)}
+
+    handle = embeddings.register_forward_pre_hook(numbered, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _aliases_with(model: Any, names: dict[str, str]) -> Callable[[dict[str, Any]], None]:
     """The bridge's alias resolution, then ``names`` (3.9 name → the bridge's canonical name)."""
     resolve = type(model)._add_aliases_to_hooks
@@ -698,9 +735,15 @@ def encoder_final_residual(
 
 def _mlm_activation(model: Any) -> Callable[[Tensor], Tensor]:
     """The activation between the MLM head's dense layer and its LayerNorm (BERT's
-    ``cls.predictions.transform.transform_act_fn``)."""
-    transform = model.original_model.cls.predictions.transform
-    return cast("Callable[[Tensor], Tensor]", transform.transform_act_fn)
+    ``cls.predictions.transform.transform_act_fn``; RoBERTa's ``RobertaLMHead`` calls its
+    module's ``gelu``, the exact GELU, which is read from that module)."""
+    hf = model.original_model
+    if hasattr(hf, "cls"):
+        return cast("Callable[[Tensor], Tensor]", hf.cls.predictions.transform.transform_act_fn)
+    act = getattr(sys.modules[type(hf.lm_head).__module__], "gelu", None)
+    if not callable(act):
+        raise ModelError(f"Cannot find the activation of {type(hf.lm_head).__name__}.")
+    return cast("Callable[[Tensor], Tensor]", act)
 
 
 def mlm_transform(model: Any) -> Head:
@@ -1121,12 +1164,13 @@ def _lean_eager_attention(
 
 
 @contextmanager
-def fused_attention(model: Any) -> Iterator[None]:
+def fused_attention(model: Any, attns: list[Any] | None = None) -> Iterator[None]:
     """For one call, every plain rotary attention bridge (:func:`_plain_rotary_attention`) takes
-    :func:`_fused_attention_forward`; restored on exit."""
+    :func:`_fused_attention_forward`; restored on exit. ``attns``: the model's attention bridges
+    when the caller has them (:func:`_attention_bridges`; one walk of the module tree less)."""
     patched = [
         m
-        for m in _attention_bridges(model)
+        for m in (_attention_bridges(model) if attns is None else attns)
         if "forward" not in vars(m) and _plain_rotary_attention(m)  # not already fused
     ]
     try:

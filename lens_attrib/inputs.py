@@ -410,7 +410,9 @@ def encode_pairs(
 def n_token_types(model: Any) -> int:
     """How many segments the model's token-type embedding has (0: none, e.g. decoders)."""
     embed = getattr(getattr(model, "embed", None), "token_type_embed", None)
-    weight = getattr(embed, "W_token_type", None)
+    weight = getattr(embed, "W_token_type", None)  # HookedEncoder
+    if weight is None:  # an encoder bridge: the segment table is its own component
+        weight = getattr(getattr(model, "token_type_embed", None), "W_E", None)
     return 0 if weight is None else int(weight.shape[0])
 
 

@@ -50,7 +50,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -199,9 +199,14 @@ def load_bridge(
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
 ) -> Any:
-    """A local Hugging Face folder (a decoder; a BERT ``BertModel`` / ``BertForMaskedLM``), the
-    bundled SmolLM2 pack or the MiniLM pack as a TransformerLens 4 ``TransformerBridge``,
-    offline.
+    """A local Hugging Face folder (a decoder; a BERT / RoBERTa ``*Model``, ``*ForMaskedLM`` or
+    ``*ForSequenceClassification``), the bundled SmolLM2 pack or the MiniLM pack as a
+    TransformerLens 4 ``TransformerBridge``, offline.
+
+    Encoders are bridged as the family's ``*ForMaskedLM`` (the class TransformerLens 4 maps); a
+    folder saved without that head keeps its own class in the config, so the made-up MLM head is
+    never used (no token logits), and a sequence classifier gets its own head attached
+    (:func:`attach_checkpoint_head`), the default target as on TransformerLens 3.9.
 
     ``TransformerBridge.boot_transformers(folder)`` keeps the raw Hugging Face weights (no
     processing) in ``dtype``; norms then compute in the model's dtype with live hooks, and in
@@ -226,20 +231,31 @@ def load_bridge(
             f"backend='bridge' loads local Hugging Face folders, smollm2-135m and minilm-l6; "
             f"{folder!r} is none of them (hub names need backend='hooked')."
         )
-    check_bridge_encoder(folder, AutoConfig.from_pretrained(path))
+    hf_config = AutoConfig.from_pretrained(path)
+    kind = check_bridge_encoder(folder, hf_config)
     from transformer_lens.model_bridge import TransformerBridge
 
+    saved = list(getattr(hf_config, "architectures", None) or [])
+    overrides = None if kind is None else {"architectures": [masked_lm_class(hf_config)]}
     model = TransformerBridge.boot_transformers(
-        str(path), device=str(torch.device(device or "cpu")), dtype=dtype
+        str(path),
+        device=str(torch.device(device or "cpu")),
+        dtype=dtype,
+        hf_config_overrides=overrides,
     )
     exact_float64(model)
     if getattr(model.cfg, "original_architecture", None) is None:  # as TransformerLens 3.9 sets it
-        model.cfg.original_architecture = type(model.original_model).__name__
-    if encoder_kind(model.original_model.config) is not None:  # [CLS] … [SEP] kept
+        model.cfg.original_architecture = saved[0] if saved else type(model.original_model).__name__
+    if kind is not None:  # [CLS] … [SEP] kept
+        # the checkpoint's own class again (the bridge booted it as *ForMaskedLM): a made-up MLM
+        # head is not the model's (backend_bridge.has_mlm_head reads this)
+        cast(Any, model.original_model).config.architectures = saved or None
         use_tokenizer(model, folder_tokenizer(path))
-    elif not any((path / f).is_file() for f in TOKENIZER_FILES):  # ids only (folder_tokenizer)
-        model.tokenizer = None
+        if kind == "ForSequenceClassification":
+            attach_checkpoint_head(model, path, hf_config, dtype)
     else:
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):  # ids only (folder_tokenizer)
+            model.tokenizer = None
         enable_fused_attention(model)  # the fast path's fused attention (hooks checked per call)
     if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
         model.cfg.default_prepend_bos = False
@@ -252,22 +268,42 @@ def load_bridge(
     return model
 
 
-BRIDGE_ENCODER_KINDS = ("Model", "ForMaskedLM")
-"""BERT checkpoints the bridge backend loads (``lens_attrib.backend_bridge``, encoders)."""
+BRIDGE_ENCODER_TYPES = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}
+"""Encoder families the bridge backend loads (``lens_attrib.backend_bridge``, encoders), each
+with the masked-LM class TransformerLens 4 bridges (``*Model`` and ``*ForSequenceClassification``
+folders are booted as it, their MLM head unused)."""
 
 
-def check_bridge_encoder(folder: str, hf_config: Any) -> None:
-    """An encoder folder the bridge backend does not map (RoBERTa, a sequence classifier) is an
-    error naming ``backend='hooked'``; decoders and BERT ``*Model``/``*ForMaskedLM`` pass."""
+def masked_lm_class(hf_config: Any) -> str:
+    """The ``*ForMaskedLM`` class the bridge wraps for an encoder folder of this config."""
+    return BRIDGE_ENCODER_TYPES[hf_config.model_type]
+
+
+def check_bridge_encoder(folder: str, hf_config: Any) -> str | None:
+    """The encoder kind (``"Model"``, ``"ForMaskedLM"``, ``"ForSequenceClassification"``) of a
+    BERT / RoBERTa folder, ``None`` for a decoder; another encoder family (XLM-RoBERTa, CamemBERT)
+    is an error naming ``backend='hooked'``."""
     kind = encoder_kind(hf_config)
-    if kind is None:
-        return
-    if hf_config.model_type not in BERT_TYPES or kind not in BRIDGE_ENCODER_KINDS:
+    if kind is not None and hf_config.model_type not in BRIDGE_ENCODER_TYPES:
         raise ModelError(
             f"{folder!r} holds a {hf_config.model_type} {kind} checkpoint: backend='bridge' maps "
-            f"BERT *Model and *ForMaskedLM encoders so far; load it with backend='hooked' under "
-            "TransformerLens 3.9."
+            f"{' and '.join(sorted(BRIDGE_ENCODER_TYPES))} encoders so far; load it with "
+            "backend='hooked' under TransformerLens 3.9."
         )
+    return kind
+
+
+def attach_checkpoint_head(model: Any, folder: Path, hf_config: Any, dtype: torch.dtype) -> None:
+    """Attach the sequence-classification head of a ``*ForSequenceClassification`` folder to its
+    bridge (:func:`lens_attrib.classifiers.checkpoint_head.class_head_of`, as the hooked loader
+    does): transformers' own model of the folder is read for it, then dropped."""
+    from transformers import AutoModelForSequenceClassification
+
+    from lens_attrib.classifiers.checkpoint_head import attach_class_head, class_head_of
+
+    hf = AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype).eval()
+    attach_class_head(model, class_head_of(hf, hf_config))
+    del hf
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

@@ -207,6 +207,22 @@ def test_the_call_leaves_the_bridge_as_it_was_also_on_error(arch):
         assert torch.equal(model(tokens), logits)
 
 
+@pytest.mark.parametrize("arch", ref.FOLDERS)
+def test_the_guards_walk_is_named_modules(arch, loaded):
+    """The guard's explicit-stack walk (:func:`lens_attrib.hooks.guard.named_modules`) gives
+    ``named_modules()``'s names and modules in its order, and every parameter once (under
+    ``named_parameters()``' names where TransformerLens does not rename them: 3.9)."""
+    from lens_attrib.hooks.guard import named_modules, named_parameters
+
+    model = loaded[arch]
+    walk = named_modules(model)
+    assert [(n, id(m)) for n, m in walk] == [(n, id(m)) for n, m in model.named_modules()]
+    params = named_parameters(walk)
+    assert sorted(map(id, params.values())) == sorted(map(id, model.parameters()))
+    if not BRIDGE:  # the bridge names its parameters by its own scheme
+        assert list(params) == [n for n, _ in model.named_parameters()]
+
+
 def _bridge_flags(model: Any) -> list[tuple[str, Any]]:
     flags: list[tuple[str, Any]] = [
         (name, bool(getattr(m, flag)))
@@ -462,14 +478,13 @@ def test_pattern_edits_reach_the_output_of_a_bert_bridge():
 
 
 @needs_bridge
-def test_a_bertmodel_bridge_has_no_token_logits_and_keeps_bert_framing(tmp_path):
+def test_a_bertmodel_bridge_has_no_token_logits_and_keeps_bert_framing():
     """``boot_transformers`` of a ``BertModel`` folder makes a ``BertForMaskedLM`` with a freshly
     initialised MLM head: the backend reads the checkpoint's class (no token logits; a clear
     error for a token target), and the tokenizer it re-loads without ``[CLS] … [SEP]`` is an
     error naming the fix instead of silently unframed inputs; ``load_model`` keeps the folder's
-    own tokenizer. A RoBERTa folder on the bridge is refused naming ``backend='hooked'``."""
+    own tokenizer (RoBERTa and classifier folders: tests/test_bridge_encoder_folders.py)."""
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import RobertaConfig, RobertaModel
 
     from lens_attrib.errors import InputError, TargetError
 
@@ -485,13 +500,6 @@ def test_a_bertmodel_bridge_has_no_token_logits_and_keeps_bert_framing(tmp_path)
     assert batch.tokens[0, 0] == tok.cls_token_id and batch.tokens[0, -1] == tok.sep_token_id
     with pytest.raises(TargetError, match="no masked-LM head"):
         attribute(loaded, ref.ENCODER_PROMPTS, Target(token="sees", position=3), method="lrp")
-    config = RobertaConfig(
-        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=40,
-    )  # fmt: skip
-    RobertaModel(config).save_pretrained(tmp_path)
-    with pytest.raises(ModelError, match="backend='hooked'"):
-        load_model(str(tmp_path), backend="bridge")
 
 
 # --------------------------------------------------------------------------- split forwards

@@ -338,8 +338,9 @@ def run_alti_forward(
         affine,
         l1_eps,
     )
+    points = model.hook_dict  # read once: a TransformerBridge rebuilds it on every access
     cache.z_hooked = {
-        layer for layer in range(batch.arch.n_layers) if user_hooked(model, hook_name("z", layer))
+        layer for layer in range(batch.arch.n_layers) if has_hooks(points[hook_name("z", layer)])
     }
     sequences = batch.size if groups is None else len(groups)
     matrices = len(mixing_layers) * sequences
@@ -350,11 +351,6 @@ def run_alti_forward(
             cache.rows = group_rows(groups, batch.size, batch.tokens.device)
             result = run_shared(model, batch, target, groups, fwd_hooks=cache.hooks())
     return result, cache
-
-
-def user_hooked(model: Any, name: str) -> bool:
-    """Whether the user has a forward hook on the hook point ``name`` (before ours are added)."""
-    return has_hooks(model.hook_dict[name])
 
 
 def logit_direction(
