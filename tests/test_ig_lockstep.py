@@ -12,7 +12,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 from lens_attrib.methods import integrated_gradients as ig
 from tests.ig_adaptive_cases import CASES, FIXTURE, arrays, run_case

@@ -6,7 +6,8 @@ baselines ``b^k`` (:mod:`.baselines`) and the explained scalar ``f``:
 ``R_i = Σ_k Σ_d (e^k − b^k)_{i,d} ∫₀¹ ∂f/∂e^k_{i,d}(b + α(e − b)) dα``,
 
 the integral by Gauss–Legendre panels bisected where the local completeness check fails, until
-completeness holds to 1 % (:mod:`.path_quadrature`); every item alone, its points batched.
+completeness holds to 1 % (:mod:`.path_quadrature`); every item on its own unpadded path, the
+rounds of all items of a batch advanced together (:func:`lockstep_adaptive`).
 
 Generation step batches (:mod:`.generation`: every step of a prompt a row holding the same
 sequence) with a fixed ``n_steps`` share the path across the steps of one sequence
@@ -840,9 +841,14 @@ def integrated_gradients(
                512 points, the adaptive panels of ``n_steps="auto"`` reach 0.08 % at 384 evaluations
                ("The capital of France is": 0.5 % at 560).
     The target token (default: the prediction on the real input as given) is fixed before
-    integrating. Every item runs alone, without padding: its interpolation points are the rows
-    of a batch, ``step_batch`` rows per forward (default: as many as fit in a quarter of the
-    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``). Exception: the steps of a
+    integrating. Every item has its own path (its real tokens, no padding in its numbers); its
+    interpolation points are rows of a batch, ``step_batch`` rows per forward (default: as many
+    as fit in a quarter of the free memory, :func:`rows_per_forward`; ``meta["step_batch"]``:
+    the largest forward an item's points were in). With ``n_steps="auto"`` the items advance
+    their rounds together (:func:`lockstep_adaptive`): one round's nodes and midpoint values of
+    every unfinished item share forwards, neighbouring lengths padded together where
+    :func:`~lens_attrib.length_buckets.plan_forwards` finds that cheaper — the same panels and
+    numbers as each item alone, in fewer sequential forwards. Exception: the steps of a
     generation (``Target(generate=N)`` / ``Target(continuation=...)``) with an integer
     ``n_steps`` share one path per sequence (:func:`shared_integrated_gradients`; the same
     numbers as each step alone, which by causality equal IG on the step's prefix).
