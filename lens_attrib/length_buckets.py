@@ -34,39 +34,50 @@ def bucket_cost(n_rows: int, length: int, cap: int, overhead: float) -> float:
     return -(-n_rows // max(cap, 1)) * overhead + n_rows * length
 
 
+def cheapest_buckets(
+    counts: dict[int, int], max_rows: Callable[[int], int], overhead: float
+) -> list[list[int]]:
+    """The runs of the sorted distinct lengths (``counts``: rows per length) whose summed
+    :func:`bucket_cost` is least (dynamic programming over the run ends, ``O(k²)``)."""
+    distinct = sorted(counts)
+    best = [0.0] + [float("inf")] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        rows, longest = 0, distinct[j - 1]
+        cap = max_rows(longest)
+        for i in range(j - 1, -1, -1):  # bucket = distinct[i:j]
+            rows += counts[distinct[i]]
+            cost = best[i] + bucket_cost(rows, longest, cap, overhead)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    buckets, j = [], len(distinct)
+    while j > 0:
+        buckets.append(distinct[cut[j] : j])
+        j = cut[j]
+    return buckets[::-1]
+
+
 def plan_forwards(
     lengths: Sequence[int],
     max_rows: Callable[[int], int],
     *,
     pad: bool = True,
-    overhead: float = FORWARD_OVERHEAD_TOKENS,
+    overhead: float | None = None,
 ) -> list[list[int]]:
-    """Forwards covering the rows of ``lengths`` (lists of row indices, shortest first within a
-    bucket; each forward at most ``max_rows(the bucket's longest length)`` rows). ``pad=False``: one
-    group per exact length (no padding); else the cheapest contiguous bucketing (module doc)."""
+    """Forwards covering the rows of ``lengths``: lists of row indices, shortest first within a
+    bucket, each at most ``max_rows(L)`` rows (``L``: the bucket's longest length).
+    ``pad=False``: one group per exact length (no padding); else the cheapest contiguous
+    bucketing (:func:`cheapest_buckets`; ``overhead``: ``o`` in tokens, default
+    :data:`FORWARD_OVERHEAD_TOKENS`)."""
+    overhead = FORWARD_OVERHEAD_TOKENS if overhead is None else overhead
     by_length: dict[int, list[int]] = {}
     for r, n in enumerate(lengths):
         by_length.setdefault(int(n), []).append(r)
-    distinct = sorted(by_length)
-    if not pad:
-        buckets = [[n] for n in distinct]
+    if pad:
+        counts = {n: len(rows) for n, rows in by_length.items()}
+        buckets = cheapest_buckets(counts, max_rows, overhead)
     else:
-        counts = [len(by_length[n]) for n in distinct]
-        best = [0.0] + [float("inf")] * len(distinct)
-        cut = [0] * (len(distinct) + 1)
-        for j in range(1, len(distinct) + 1):
-            rows, longest = 0, distinct[j - 1]
-            cap = max_rows(longest)
-            for i in range(j - 1, -1, -1):  # bucket = distinct[i:j]
-                rows += counts[i]
-                cost = best[i] + bucket_cost(rows, longest, cap, overhead)
-                if cost < best[j]:
-                    best[j], cut[j] = cost, i
-        buckets, j = [], len(distinct)
-        while j > 0:
-            buckets.append(distinct[cut[j] : j])
-            j = cut[j]
-        buckets.reverse()
+        buckets = [[n] for n in sorted(by_length)]
     forwards: list[list[int]] = []
     for bucket in buckets:
         members = sorted((r for n in bucket for r in by_length[n]), key=lambda r: (lengths[r], r))
@@ -75,4 +86,4 @@ def plan_forwards(
     return forwards
 
 
-__all__ = ["FORWARD_OVERHEAD_TOKENS", "bucket_cost", "plan_forwards"]
+__all__ = ["FORWARD_OVERHEAD_TOKENS", "bucket_cost", "cheapest_buckets", "plan_forwards"]
