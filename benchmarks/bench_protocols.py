@@ -20,6 +20,7 @@ same backend call, no hooks); ``eval ÷ floor`` is the report's figure of merit.
     OMP_NUM_THREADS=1 python -m benchmarks.bench_protocols [--n 6] [--models smollm2-135m,minilm-l6]
         [--methods grad_x_input,normxlogit,random] [--pis 0.1,0.3,0.5,0.7,0.9] [--n-draws 5]
         [--fractions 0.1,…,0.9] [--steps 20] [--protocols faithfulness,agreement]
+        [--head-position 0]
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def forward_costs(model: Any, lengths: set[int], sample: torch.Tensor) -> dict[i
 
 
 # --------------------------------------------------------------------------- protocols
-def classifier_for(model_name: str, model: Any) -> Any:
+def classifier_for(model_name: str, model: Any, head_position: int | None = None) -> Any:
     """A seeded random linear head (as tests/experiments_small.py): the trained classifiers
     have the same architecture, so the same forward cost, and training one is not a benchmark."""
     from lens_attrib.classifiers import Classifier, ClassifierInfo, LinearHead
@@ -176,8 +177,10 @@ def classifier_for(model_name: str, model: Any) -> Any:
         head.linear.bias.copy_(torch.randn(head.linear.bias.shape, generator=gen) / 4)
     from lens_attrib.backend import arch_of
 
-    # read at [CLS] (encoders) or the last token (decoders: position None), as the built-ins
-    position = 0 if arch_of(model).encoder else None
+    # read at [CLS] (encoders) or the last token (decoders: position None), as the built-ins;
+    # --head-position 0 on a decoder reads the start token (every score 0: the hard rows
+    # dominate the evaluation, the first run of docs/results/protocols.md)
+    position = 0 if arch_of(model).encoder else head_position
     info = ClassifierInfo(f"{model_name}-sst2", ("negative", "positive"), False, position, {})
     return Classifier(model, head, info), "random head"
 
@@ -186,7 +189,7 @@ def faithfulness_units(model_name: str, model: Any, args: Any) -> tuple[Any, Any
     """(batches of (inputs, target, gold), protocol, head kind) as experiments.faithfulness."""
     from experiments import faithfulness as fx
 
-    clf, kind = classifier_for(model_name, model)
+    clf, kind = classifier_for(model_name, model, args.head_position)
     ns = SimpleNamespace(n=args.n, seed=0, max_tokens=args.max_tokens)
     inputs, gold = fx.classifier_items(clf.model, clf, "sst2", ns)
     pargs = SimpleNamespace(
@@ -351,6 +354,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--n-draws", type=int, default=5)
     parser.add_argument("--fractions", default=FRACTIONS)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--head-position",
+        type=int,
+        default=None,
+        help="decoders: the position the random head reads (default the last token; 0: the "
+        "start token, whose scores are all 0, so the hard rows dominate the evaluation)",
+    )
     parser.add_argument("--out", default="results/bench_protocols.json")
     args = parser.parse_args(argv)
 

@@ -165,7 +165,11 @@ META_KEYS: dict[str, MetaKey] = {
     ),
     "n_steps": MetaKey("per item, integrand evaluations spent", ("integrated_gradients",)),
     "panels": MetaKey("per item, quadrature panels of the final rule", ("integrated_gradients",)),
-    "step_batch": MetaKey("per item, interpolation rows per forward", ("integrated_gradients",)),
+    "step_batch": MetaKey(
+        "per item, interpolation rows per forward (n_steps='auto': the largest forward holding "
+        "the item's rows, which items advancing together share)",
+        ("integrated_gradients",),
+    ),
     "target_position_only": MetaKey(
         "True: the model has no head, so only the target position was resolved (no token)",
         ("alti", "attention", "rollout", "globenc", "decompx", "value_zeroing"),

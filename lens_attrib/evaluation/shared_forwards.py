@@ -3,11 +3,15 @@
 A perturbation metric needs the model's output on the clean input of every item and on many
 perturbed copies of it. :class:`SharedForwards` makes these forwards for one Attribution:
 
-- **own length.** Every forward runs an item's real tokens only, no padding: rows are grouped
-  by their length and each group runs in chunks of ``max_batch`` rows
-  (:func:`forward_by_length`), so no row pays for a longer neighbour. Unpadded and padded
-  forwards compute the same numbers up to floating-point summation order (the backend's padding
-  hides padding keys and, for left-padded decoders, shifts rotary positions back).
+- **own length.** The clean and Soft forwards run an item's real tokens only, no padding: rows
+  are grouped by their length and each group runs in chunks of ``max_batch`` rows
+  (:func:`forward_by_length`), so no row pays for a longer neighbour. The hard rows (AOPC,
+  insertion/deletion) of a decoder change length with every deleted token and fall into many
+  groups of a few rows; there neighbouring lengths share a forward with a little padding where
+  :func:`~lens_attrib.length_buckets.plan_forwards` (a fixed cost per forward plus work per
+  padded token) finds that cheaper. Unpadded and padded forwards compute the same numbers up to
+  floating-point summation order (the backend's padding hides padding keys and, for
+  left-padded decoders, shifts rotary positions back).
 - **the clean forward once.** :meth:`SharedForwards.clean_outputs` runs every item's clean
   input once (with every layer's attention pattern when ``patterns=True``: fixed routing
   replays them) and every metric family of a :func:`~lens_attrib.evaluation.metrics.score`
@@ -35,8 +39,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_attrib.attribution import Attribution
+from lens_attrib.backend import arch_of
 from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.routing import pattern_cache_hooks
+from lens_attrib.inputs import pad_id_of
+from lens_attrib.length_buckets import plan_forwards
 from lens_attrib.target import Head
 
 HardKey = tuple[int, tuple[int, ...], int, tuple[int, ...] | None]
@@ -75,11 +82,16 @@ def forward_by_length(
     max_batch: int,
     hooks: GroupHooks | None = None,
     reduce: GroupReduce | None = None,
+    pad: bool = False,
 ) -> list[Tensor]:
     """Head outputs (or ``reduce(out, row_indices)``) of ``rows`` = ``(ids, target, types)``,
-    grouped by length and run unpadded in chunks of ``max_batch``; one tensor per row, in
-    ``rows`` order. ``hooks(row_indices, chunk)``: the forward hooks of a chunk of a group (its
-    rows' indices into ``rows`` and the chunk's slice of the group)."""
+    one tensor per row, in ``rows`` order. Rows are grouped by length and run unpadded in
+    chunks of ``max_batch``; with ``pad`` (and no ``hooks``), neighbouring lengths share a
+    forward, padded on the model's side, where :func:`~lens_attrib.length_buckets.plan_forwards`
+    finds that cheaper. ``hooks(row_indices, chunk)``: the forward hooks of a chunk of a group
+    (its rows' indices into ``rows`` and the chunk's slice of the group)."""
+    if pad and hooks is None:
+        return _forward_planned(model, rows, head=head, max_batch=max_batch, reduce=reduce)
     groups: dict[int, list[int]] = {}
     for r, (ids, _, _) in enumerate(rows):
         groups.setdefault(len(ids), []).append(r)
@@ -101,6 +113,50 @@ def forward_by_length(
             hooks=_chunk_hooks(hooks, members),
             reduce=_chunk_reduce(reduce, members),
             max_batch=max_batch,
+            token_types=types,
+        )
+        for j, r in enumerate(members):
+            out[r] = res[j]
+    return [o for o in out if o is not None]
+
+
+def _forward_planned(
+    model: Any,
+    rows: Sequence[tuple[list[int], int, list[int] | None]],
+    *,
+    head: Head | None,
+    max_batch: int,
+    reduce: GroupReduce | None,
+) -> list[Tensor]:
+    """:func:`forward_by_length` with ``pad``: one padded forward per planned bucket chunk
+    (left padding for decoders, right for encoders, through the backend's padding mask)."""
+    left = not arch_of(model).encoder
+    pad_id = pad_id_of(getattr(model, "tokenizer", None))
+    out: list[Tensor | None] = [None] * len(rows)
+    plan = plan_forwards([len(r[0]) for r in rows], lambda length: max_batch)
+    for members in plan:
+        length = max(len(rows[r][0]) for r in members)
+        tokens = torch.full((len(members), length), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(members), length, dtype=torch.bool)
+        has_types = any(rows[r][2] is not None for r in members)
+        types = torch.zeros_like(tokens) if has_types else None
+        positions = torch.zeros(len(members), dtype=torch.long)
+        for j, r in enumerate(members):
+            ids, target, seg = rows[r]
+            off = length - len(ids) if left else 0
+            tokens[j, off : off + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[j, off : off + len(ids)] = True
+            positions[j] = off + target
+            if types is not None and seg is not None:
+                types[j, off : off + len(ids)] = torch.tensor(seg, dtype=torch.long)
+        res = head_outputs(
+            model,
+            tokens,
+            mask,
+            positions,
+            head=head,
+            reduce=_chunk_reduce(reduce, members),
+            max_batch=len(members),
             token_types=types,
         )
         for j, r in enumerate(members):
@@ -219,7 +275,8 @@ class SharedForwards:
         self, rows: Sequence[tuple[int, list[int], int, list[int] | None]]
     ) -> Float[Tensor, "rows 4"]:
         """The summaries of ``rows = (item, ids, target index, segment ids)``; each distinct
-        row not seen before in this call is forwarded once (grouped by length)."""
+        row not seen before in this call is forwarded once (grouped by length, neighbouring
+        lengths padded together where that is cheaper)."""
         self.clean_outputs()
         keys = [self._key(*row) for row in rows]
         missing = list(dict.fromkeys(k for k in keys if k not in self._hard))
@@ -232,6 +289,7 @@ class SharedForwards:
                 head=self.head,
                 max_batch=self.max_batch,
                 reduce=lambda out, members: self._summaries(out, [items[m] for m in members]),
+                pad=True,
             )
             for k, v in zip(missing, outs):
                 self._hard[k] = v

@@ -6,7 +6,8 @@ baselines ``b^k`` (:mod:`.baselines`) and the explained scalar ``f``:
 ``R_i = Σ_k Σ_d (e^k − b^k)_{i,d} ∫₀¹ ∂f/∂e^k_{i,d}(b + α(e − b)) dα``,
 
 the integral by Gauss–Legendre panels bisected where the local completeness check fails, until
-completeness holds to 1 % (:mod:`.path_quadrature`); every item alone, its points batched.
+completeness holds to 1 % (:mod:`.path_quadrature`); every item on its own unpadded path, the
+rounds of all items of a batch advanced together (:func:`lockstep_adaptive`).
 
 Generation step batches (:mod:`.generation`: every step of a prompt a row holding the same
 sequence) with a fixed ``n_steps`` share the path across the steps of one sequence
@@ -48,6 +49,7 @@ from lens_attrib.forward import (
     step_groups,
 )
 from lens_attrib.inputs import Batch
+from lens_attrib.length_buckets import plan_forwards
 from lens_attrib.methods.backprop import VJP_TOKENS, batched_vjp, grad_x_input_scores
 from lens_attrib.methods.baselines import (
     SINK_MODES,
@@ -58,7 +60,12 @@ from lens_attrib.methods.baselines import (
     sink_positions,
     sink_token_id,
 )
-from lens_attrib.methods.path_quadrature import adaptive_quadrature
+from lens_attrib.methods.path_quadrature import (
+    QuadratureResult,
+    Request,
+    adaptive_quadrature,
+    adaptive_rounds,
+)
 from lens_attrib.methods.registry import (
     MethodOutput,
     Option,
@@ -516,6 +523,216 @@ def path_values(
     return torch.cat(out).detach().cpu()
 
 
+LOCKSTEP = True
+"""``n_steps="auto"``: advance the adaptive rounds of all items of a batch together
+(:func:`lockstep_adaptive`); ``False``: every item alone, its values in separate forwards (the
+earlier implementation, kept as the oracle of ``tests/test_ig_lockstep.py``)."""
+
+
+def _padded_rows(paths: Sequence[ItemPath], item_of_row: Sequence[int]) -> tuple[Batch, list[int]]:
+    """One row per entry of ``item_of_row`` (the item's unpadded tokens), padded on the
+    batch's side to the longest; the column offset of every row's first real token."""
+    first = paths[item_of_row[0]].batch
+    lengths = [paths[b].batch.length for b in item_of_row]
+    length, rows = max(lengths), len(item_of_row)
+    left = first.padding_side == "left"
+    offsets = [length - n if left else 0 for n in lengths]
+    device = first.tokens.device
+    tokens = torch.zeros(rows, length, dtype=first.tokens.dtype, device=device)
+    mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
+    special = torch.zeros(rows, length, dtype=torch.bool, device=device)
+    types = None if first.token_types is None else torch.zeros_like(tokens)
+    for r, (b, off, n) in enumerate(zip(item_of_row, offsets, lengths)):
+        item = paths[b].batch
+        tokens[r, off : off + n] = item.tokens[0]
+        mask[r, off : off + n] = True
+        special[r, off : off + n] = item.special[0]
+        if types is not None and item.token_types is not None:
+            types[r, off : off + n] = item.token_types[0]
+    str_tokens = [paths[b].batch.str_tokens[0] for b in item_of_row]
+    batch = Batch(tokens, mask, str_tokens, special, first.arch, first.padding_side)
+    batch.token_types = types
+    return batch, offsets
+
+
+def _lockstep_hook(
+    start: Tensor, delta: Tensor, alphas: Tensor, mask: Tensor, store: list[Tensor]
+) -> Any:
+    """:func:`_interpolation_hook` for padded rows of many items: ``b + α (x − b)`` at the real
+    positions (``start``/``delta`` ``[rows, pos, d]``, one ``α`` per row), the input elsewhere."""
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        a = alphas[:, None, None].to(x.dtype)
+        out = torch.where(mask[..., None], start + a * delta, x).detach().requires_grad_(True)
+        store.append(out)
+        return out
+
+    return hook
+
+
+def lockstep_forward(
+    model: Any,
+    paths: Sequence[ItemPath],
+    names: Sequence[str],
+    head: Any,
+    item_of_row: Sequence[int],
+    alphas: Float[Tensor, "rows"],
+    node: Sequence[bool],
+) -> tuple[list[Tensor], Float[Tensor, "rows"]]:
+    """One forward of path points of several items (padded rows, :func:`_padded_rows`): every
+    row's ``f(b + α (x − b))`` and, for the ``node`` rows, its per-token integrand
+    ``Σ_k Σ_d (x − b)^k_d ∂f/∂e^k_d`` (its own positions, ``[len]``; other rows: empty)."""
+    batch, offsets = _padded_rows(paths, item_of_row)
+    dtype, device = paths[0].deltas[0].dtype, batch.tokens.device
+    rows, length = batch.size, batch.length
+    starts, deltas = [], []
+    for k in range(len(names)):
+        d_model = paths[item_of_row[0]].deltas[k].shape[-1]
+        start = torch.zeros(rows, length, d_model, dtype=dtype, device=device)
+        delta = torch.zeros_like(start)
+        for r, (b, off) in enumerate(zip(item_of_row, offsets)):
+            n = paths[b].batch.length
+            start[r, off : off + n] = paths[b].starts[k][0]
+            delta[r, off : off + n] = paths[b].deltas[k][0]
+        starts.append(start)
+        deltas.append(delta)
+    stores: list[list[Tensor]] = [[] for _ in names]
+    a = alphas.to(device, dtype)
+    hooks = [
+        (n, _lockstep_hook(s, d, a, batch.mask, st))
+        for n, s, d, st in zip(names, starts, deltas, stores)
+    ]
+    with model.hooks(fwd_hooks=hooks):
+        resid = resid_of(model, batch)
+    picked = [paths[b].resolved for b in item_of_row]
+    positions = torch.tensor(
+        [off + int(t.positions[0]) for off, t in zip(offsets, picked)], device=resid.device
+    )
+    foils = [t.foil_ids for t in picked if t.foil_ids is not None]
+    target = ResolvedTarget(
+        positions,
+        torch.cat([t.token_ids for t in picked]),
+        torch.cat(foils) if foils else None,
+        picked[0].regression,
+    )
+    value = target.select(head(resid[torch.arange(rows, device=resid.device), positions]))
+    grad_rows = torch.tensor(list(node), dtype=torch.bool, device=value.device)
+    scores: list[Tensor] = [value.new_zeros(0).cpu()] * rows
+    if bool(grad_rows.any()):
+        grads = torch.autograd.grad(
+            value[grad_rows].sum(), [st[0] for st in stores], allow_unused=True
+        )
+        per_row = torch.zeros(rows, length, dtype=dtype, device=device)
+        for d, g in zip(deltas, grads):
+            if g is not None:
+                per_row += (d * g).sum(-1)
+        per_row = per_row.detach().cpu()
+        for r, (b, off) in enumerate(zip(item_of_row, offsets)):
+            if node[r]:
+                scores[r] = per_row[r, off : off + paths[b].batch.length]
+    return scores, value.detach().cpu()
+
+
+def lockstep_round(
+    model: Any,
+    paths: Sequence[ItemPath],
+    names: Sequence[str],
+    head: Any,
+    requests: dict[int, Request],
+    max_rows: Any,
+) -> tuple[dict[int, tuple[Tensor, Tensor]], dict[int, int]]:
+    """The answers ``(node scores [n, len], values [m])`` to one round's ``requests`` of many
+    items, their rows run together (:func:`~lens_attrib.length_buckets.plan_forwards`:
+    neighbouring lengths padded together where that is cheaper); also the largest forward each
+    item's rows were in."""
+    item_of_row: list[int] = []
+    alphas: list[Tensor] = []
+    node: list[bool] = []
+    for b, req in requests.items():
+        for part, is_node in ((req.nodes, True), (req.values, False)):
+            item_of_row += [b] * int(part.numel())
+            alphas.append(part)
+            node += [is_node] * int(part.numel())
+    alpha = torch.cat(alphas)
+    lengths = [paths[b].batch.length for b in item_of_row]
+    scores: list[Tensor | None] = [None] * len(item_of_row)
+    values = torch.zeros(len(item_of_row), dtype=torch.float64)
+    largest: dict[int, int] = {}
+    for rows in plan_forwards(lengths, max_rows):
+        items = [item_of_row[r] for r in rows]
+        with torch.enable_grad():
+            got, val = lockstep_forward(
+                model, paths, names, head, items, alpha[rows], [node[r] for r in rows]
+            )
+        for r, g, v in zip(rows, got, val.tolist()):
+            scores[r], values[r] = g, v
+        for b in items:
+            largest[b] = max(largest.get(b, 0), len(rows))
+        advance(sum(node[r] for r in rows))
+    answers: dict[int, tuple[Tensor, Tensor]] = {}
+    for b in requests:
+        mine = [r for r in range(len(item_of_row)) if item_of_row[r] == b]
+        node_scores = [scores[r] for r in mine if node[r]]
+        f = values[[r for r in mine if not node[r]]].to(paths[b].value.dtype)
+        answers[b] = (torch.stack([s for s in node_scores if s is not None]), f)
+    return answers, largest
+
+
+def lockstep_adaptive(
+    model: Any,
+    paths: Sequence[ItemPath],
+    names: Sequence[str],
+    head: Any,
+    *,
+    rule: str,
+    tolerance: float,
+    max_steps: int,
+    step_batch: int | None,
+) -> tuple[list[QuadratureResult], list[int], int]:
+    """The adaptive panels of every item (:func:`~.path_quadrature.adaptive_rounds`) advanced
+    together: per round one set of forwards holds every unfinished item's nodes and the
+    midpoint values of its new panels (the same panels, splits and numbers as each item alone,
+    up to floating-point summation order). Returns the results, the largest forward each
+    item's rows were in, and the number of rounds."""
+    a0, w0 = quadrature(PANEL_POINTS, rule)
+    alphas = torch.tensor(a0, dtype=torch.float64)
+    weights = torch.tensor(w0, dtype=torch.float64)
+    rounds = {
+        b: adaptive_rounds(
+            float(p.base_value),
+            float(p.value),
+            alphas=alphas,
+            weights=weights,
+            tolerance=tolerance,
+            max_points=max_steps,
+        )
+        for b, p in enumerate(paths)
+    }
+    requests = {b: next(g) for b, g in rounds.items()}
+    results: dict[int, QuadratureResult] = {}
+    largest = [0] * len(paths)
+    n_rounds = 0
+    device = paths[0].batch.tokens.device
+    arch = paths[0].batch.arch
+    while requests:
+        total = sum(int(r.nodes.numel() + r.values.numel()) for r in requests.values())
+
+        def max_rows(length: int, total: int = total) -> int:
+            return rows_per_forward(arch, length, total, step_batch, device)
+
+        answers, used = lockstep_round(model, paths, names, head, requests, max_rows)
+        n_rounds += 1
+        for b, rows in used.items():
+            largest[b] = max(largest[b], rows)
+        for b, answer in answers.items():
+            try:
+                requests[b] = rounds[b].send(answer)
+            except StopIteration as done:
+                results[b] = done.value
+                del requests[b]
+    return [results[b] for b in range(len(paths))], largest, n_rounds
+
+
 STEP_MEMORY_SHARE = 0.25
 """Share of the free memory (host or GPU) one IG forward's interpolation rows may take."""
 
@@ -624,9 +841,14 @@ def integrated_gradients(
                512 points, the adaptive panels of ``n_steps="auto"`` reach 0.08 % at 384 evaluations
                ("The capital of France is": 0.5 % at 560).
     The target token (default: the prediction on the real input as given) is fixed before
-    integrating. Every item runs alone, without padding: its interpolation points are the rows
-    of a batch, ``step_batch`` rows per forward (default: as many as fit in a quarter of the
-    free memory, :func:`rows_per_forward`; ``meta["step_batch"]``). Exception: the steps of a
+    integrating. Every item has its own path (its real tokens, no padding in its numbers); its
+    interpolation points are rows of a batch, ``step_batch`` rows per forward (default: as many
+    as fit in a quarter of the free memory, :func:`rows_per_forward`; ``meta["step_batch"]``:
+    the largest forward an item's points were in). With ``n_steps="auto"`` the items advance
+    their rounds together (:func:`lockstep_adaptive`): one round's nodes and midpoint values of
+    every unfinished item share forwards, neighbouring lengths padded together where
+    :func:`~lens_attrib.length_buckets.plan_forwards` finds that cheaper — the same panels and
+    numbers as each item alone, in fewer sequential forwards. Exception: the steps of a
     generation (``Target(generate=N)`` / ``Target(continuation=...)``) with an integer
     ``n_steps`` share one path per sequence (:func:`shared_integrated_gradients`; the same
     numbers as each step alone, which by causality equal IG on the step's prefix).
@@ -673,7 +895,26 @@ def integrated_gradients(
     device = batch.tokens.device
     points = batch.size * n_steps if isinstance(n_steps, int) else None
     bar = progress_bar(desc="integrated_gradients", total=points, unit="point")
+    lockstep = n_steps == "auto" and LOCKSTEP
+    if lockstep:
+        results, largest, _ = lockstep_adaptive(
+            model,
+            paths,
+            names,
+            head,
+            rule=rule,
+            tolerance=tolerance,
+            max_steps=max_steps,
+            step_batch=step_batch,
+        )
+        for b, (path, result) in enumerate(zip(paths, results)):
+            scores[b, path.columns] = result.scores[int(path.prepended) :].to(scores)
+            gaps[b] = result.gap
+            used[b], panels[b] = result.n_points, len(result.edges) - 1
+            batches[b] = largest[b]
     for b, path in enumerate(paths):
+        if lockstep:
+            break
         bar.set_postfix_str(f"item {b + 1}/{batch.size}", refresh=False)
         if isinstance(n_steps, int):
             alphas, weights = quadrature(n_steps, rule)

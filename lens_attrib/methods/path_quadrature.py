@@ -25,7 +25,7 @@ per-token integrand at each node) and ``values(alphas) -> [n]`` (``f`` at each �
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -76,17 +76,14 @@ def mapped_rule(
     return nodes.reshape(-1), scaled.reshape(-1), owner.reshape(-1)
 
 
-def integrate_panels(
-    panels: list[Panel], node_scores: NodeScores, alphas: Tensor, weights: Tensor
-) -> None:
-    """Fill ``scores`` of every panel: ``Σ_s w_s g(α_s)`` over its nodes (one batched call)."""
-    nodes, scaled, owner = mapped_rule(panels, alphas, weights)
-    per_node = node_scores(nodes)
+def panel_sums(
+    per_node: Float[Tensor, "n pos"], scaled: Float[Tensor, "n"], owner: Tensor, n_panels: int
+) -> Float[Tensor, "panels pos"]:
+    """``Σ_s w_s g(α_s)`` over every panel's nodes (``owner``: the panel of each node)."""
     weighted = per_node * scaled.to(per_node)[:, None]
-    sums = torch.zeros(len(panels), per_node.shape[1], dtype=per_node.dtype)
+    sums = torch.zeros(n_panels, per_node.shape[1], dtype=per_node.dtype)
     sums.index_add_(0, owner, weighted.cpu())
-    for panel, row in zip(panels, sums):
-        panel.scores = row
+    return sums
 
 
 def to_bisect(panels: list[Panel]) -> list[int]:
@@ -100,6 +97,79 @@ def to_bisect(panels: list[Panel]) -> list[int]:
         if held >= total / 2:
             break
     return chosen
+
+
+@dataclass
+class Request:
+    """What one round of :func:`adaptive_rounds` needs: the integrand at ``nodes`` and ``f`` at
+    ``values`` (the midpoints of the panels it bisects; may be empty)."""
+
+    nodes: Float[Tensor, "n"]
+    values: Float[Tensor, "m"]
+
+
+Rounds = Generator[Request, tuple[Tensor, Tensor], QuadratureResult]
+
+
+def adaptive_rounds(
+    f0: float,
+    f1: float,
+    *,
+    alphas: Tensor,
+    weights: Tensor,
+    tolerance: float,
+    max_points: int,
+    first_panels: int = 2,
+) -> Rounds:
+    """:func:`adaptive_quadrature` as rounds: yields a :class:`Request` per round, is sent
+    ``(node_scores(request.nodes) [n, pos], values(request.values) [m])`` and returns the
+    :class:`QuadratureResult`. A round's nodes (of the panels just bisected, or the first
+    panels) and its values (their new ends) do not depend on each other, so a caller may
+    evaluate both in one forward and advance many items' rounds together."""
+    per_panel = int(alphas.numel())
+    first_panels = max(1, min(first_panels, max_points // max(per_panel, 1)))
+    edges = torch.linspace(0.0, 1.0, first_panels + 1, dtype=torch.float64).tolist()
+    inner = torch.tensor(edges[1:-1], dtype=alphas.dtype)
+    panels = [Panel(edges[i], edges[i + 1], f0, f1) for i in range(first_panels)]
+    nodes, scaled, owner = mapped_rule(panels, alphas, weights)
+    per_node, f_inner = yield Request(nodes, inner)
+    ends = [f0, *[float(v) for v in f_inner.tolist()], f1]
+    for i, (panel, row) in enumerate(zip(panels, panel_sums(per_node, scaled, owner, len(panels)))):
+        panel.f_lo, panel.f_hi, panel.scores = ends[i], ends[i + 1], row
+    spent = per_panel * first_panels
+    delta = f1 - f0
+    while True:
+        gap = sum(p.gap for p in panels)
+        if abs(gap) <= tolerance * abs(delta):
+            break
+        split = to_bisect(panels)
+        if spent + 2 * per_panel * len(split) > max_points:
+            split = split[: max(0, (max_points - spent) // (2 * per_panel))]
+        if not split:
+            break
+        mids = torch.tensor([(panels[i].lo + panels[i].hi) / 2 for i in split], dtype=alphas.dtype)
+        halves = [
+            Panel(lo, hi, 0.0, 0.0)
+            for i, m in zip(split, mids.tolist())
+            for lo, hi in ((panels[i].lo, m), (m, panels[i].hi))
+        ]
+        nodes, scaled, owner = mapped_rule(halves, alphas, weights)
+        per_node, f_mid = yield Request(nodes, mids)
+        sums = panel_sums(per_node, scaled, owner, len(halves))
+        replaced: dict[int, tuple[Panel, Panel]] = {}
+        for k, (i, fm) in enumerate(zip(split, f_mid.tolist())):
+            p = panels[i]
+            left, right = halves[2 * k], halves[2 * k + 1]
+            left.f_lo, left.f_hi, left.scores = p.f_lo, float(fm), sums[2 * k]
+            right.f_lo, right.f_hi, right.scores = float(fm), p.f_hi, sums[2 * k + 1]
+            replaced[i] = (left, right)
+        spent += per_panel * len(halves)
+        panels = [q for i, p in enumerate(panels) for q in (replaced.get(i) or (p,))]
+    assert all(p.scores is not None for p in panels)
+    scores = torch.stack([p.scores for p in panels if p.scores is not None]).sum(0)
+    return QuadratureResult(
+        scores, f1 - f0 - float(scores.sum()), spent, [panels[0].lo] + [p.hi for p in panels]
+    )
 
 
 def adaptive_quadrature(
@@ -118,42 +188,22 @@ def adaptive_quadrature(
 
     ``alphas``/``weights``: one panel's rule on [0, 1] (e.g. Gauss–Legendre); ``f0``/``f1``:
     ``f(0)`` and ``f(1)``. Stops when ``|f1 − f0 − Σ scores| ≤ tolerance · |f1 − f0|`` or when
-    the next bisection would exceed ``max_points`` integrand evaluations.
+    the next bisection would exceed ``max_points`` integrand evaluations. One item alone: the
+    rounds of :func:`adaptive_rounds`, ``values`` then ``node_scores`` per round.
     """
-    per_panel = int(alphas.numel())
-    first_panels = max(1, min(first_panels, max_points // max(per_panel, 1)))
-    edges = torch.linspace(0.0, 1.0, first_panels + 1, dtype=torch.float64).tolist()
-    inner = (
-        values(torch.tensor(edges[1:-1], dtype=alphas.dtype)).tolist() if first_panels > 1 else []
+    rounds = adaptive_rounds(
+        f0,
+        f1,
+        alphas=alphas,
+        weights=weights,
+        tolerance=tolerance,
+        max_points=max_points,
+        first_panels=first_panels,
     )
-    ends = [f0, *[float(v) for v in inner], f1]
-    panels = [Panel(edges[i], edges[i + 1], ends[i], ends[i + 1]) for i in range(first_panels)]
-    integrate_panels(panels, node_scores, alphas, weights)
-    spent = per_panel * first_panels
-    delta = f1 - f0
+    request = next(rounds)
     while True:
-        gap = sum(p.gap for p in panels)
-        if abs(gap) <= tolerance * abs(delta):
-            break
-        split = to_bisect(panels)
-        if spent + 2 * per_panel * len(split) > max_points:
-            split = split[: max(0, (max_points - spent) // (2 * per_panel))]
-        if not split:
-            break
-        mids = torch.tensor([(panels[i].lo + panels[i].hi) / 2 for i in split], dtype=alphas.dtype)
-        f_mid = values(mids).tolist()
-        fresh: list[Panel] = []
-        replaced: dict[int, tuple[Panel, Panel]] = {}
-        for i, m, fm in zip(split, mids.tolist(), f_mid):
-            p = panels[i]
-            left, right = Panel(p.lo, m, p.f_lo, float(fm)), Panel(m, p.hi, float(fm), p.f_hi)
-            replaced[i] = (left, right)
-            fresh += [left, right]
-        integrate_panels(fresh, node_scores, alphas, weights)
-        spent += per_panel * len(fresh)
-        panels = [q for i, p in enumerate(panels) for q in (replaced.get(i) or (p,))]
-    assert all(p.scores is not None for p in panels)
-    scores = torch.stack([p.scores for p in panels if p.scores is not None]).sum(0)
-    return QuadratureResult(
-        scores, f1 - f0 - float(scores.sum()), spent, [panels[0].lo] + [p.hi for p in panels]
-    )
+        f = values(request.values) if request.values.numel() else request.values
+        try:
+            request = rounds.send((node_scores(request.nodes), f))
+        except StopIteration as done:
+            return done.value
