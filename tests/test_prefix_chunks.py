@@ -22,8 +22,10 @@ import torch
 import lens_attrib.methods.backprop as backprop
 import lens_attrib.methods.prefix_chunks as prefix_chunks
 from lens_attrib import Target, attribute
+from lens_attrib.errors import ModelError
 from lens_attrib.fastpath import enable_fast_forward
 from lens_attrib.inputs import to_batch
+from lens_attrib.models import transformer_lens_major
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
 
 PROMPTS = ["the keys to the", "a dog", "the cabinet near the old red"]
@@ -264,3 +266,107 @@ def test_a_user_hook_sees_whole_sequences_and_its_edit_is_honoured(arch, options
     change = float((hooked.scores - plain.scores).abs().max())
     assert change > 1e-3 * float(plain.scores.abs().max()), "the edit changed nothing"
     assert not model.hook_dict["blocks.0.hook_resid_post"].fwd_hooks, "a hook outlived the call"
+
+
+def test_a_cache_that_disagrees_with_the_full_forward_keeps_the_one_forward_path(monkeypatch):
+    """The probe (``prefix_chunks.cache_agrees``): a backend whose cached forward ignores the
+    cache (here: every chunk gets a fresh one) is not chunked, and the numbers are those of the
+    one-forward path."""
+    model = _model("llama")
+    _, conts, _ = _case(model)
+    target = Target(continuation=conts)
+    expected = attribute(model, PROMPTS, target, method="gradient")
+    real = prefix_chunks.cached_final_residual
+
+    def forgetful(model, arch, tokens, cache):
+        return real(model, arch, tokens, prefix_chunks.key_value_cache(model, arch, 1, "cpu"))
+
+    monkeypatch.setattr(prefix_chunks, "cached_final_residual", forgetful)
+    batch = to_batch(model, PROMPTS[0])
+    assert not prefix_chunks.cache_agrees(model, batch.arch)
+    chunk_forwards = _spy(monkeypatch, prefix_chunks, "chunked_forward")
+    got = attribute(model, PROMPTS, target, method="gradient")
+    assert not chunk_forwards
+    _close(got.scores, expected.scores, "one-forward path")
+
+
+# ----------------------------------------------------------------- TransformerLens 4's bridge
+needs_bridge = pytest.mark.skipif(
+    transformer_lens_major() < 4, reason="TransformerLens ≥ 4 not installed"
+)
+
+
+@functools.cache
+def _bridge(arch: str) -> Any:
+    from lens_attrib import load_model
+    from tests import backend_reference as ref
+
+    return load_model(str(ref.ROOT / arch), dtype=torch.float64, backend="bridge")
+
+
+@needs_bridge
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "gradient"},
+        {"method": "grad_x_input", "heads": True},
+        {"method": "integrated_gradients", "n_steps": 2},
+    ],
+)
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "neox"])
+def test_bridge_chunks_equal_each_prefix_alone(arch, options, monkeypatch):
+    """On the bridge the chunks run through Hugging Face's ``DynamicCache``
+    (``backend_bridge.cached_final_residual``): a batch of prompts of different lengths with
+    per-step foils equals every prefix explained alone and the one-forward path."""
+    import lens_attrib.methods.integrated_gradients as ig_module
+
+    model = _bridge(arch)
+    prompts = [to_batch(model, p).tokens[0].tolist() for p in PROMPTS[:2]]
+    conts = [_ids(model, c) for c in (" cabinet is on the", " is here")]
+    vocab = int(model.cfg.d_vocab)
+    foils = [[(7 * (i + 1) + s) % vocab for s in range(len(c))] for i, c in enumerate(conts)]
+    target = Target(continuation=conts, foil=foils)
+    chunk_forwards = _spy(monkeypatch, prefix_chunks, "chunked_forward")
+    _spy(monkeypatch, ig_module, "chunked_forward", chunk_forwards)
+    batched = attribute(model, PROMPTS[:2], target, **options)
+    assert chunk_forwards, "the chunks did not run on the bridge"
+    row = 0
+    for prompt, cont, fs in zip(prompts, conts, foils, strict=True):
+        for s, (token, foil) in enumerate(zip(cont, fs, strict=True)):
+            single = attribute(
+                model, torch.tensor(prompt + cont[:s]), Target(token=token, foil=foil), **options
+            )
+            _check_rows(batched, row, single, len(prompt) + s, f"bridge {arch} row {row}")
+            row += 1
+    monkeypatch.setattr(prefix_chunks, "PREFIX_CHUNKS", 1)
+    one_forward = attribute(model, PROMPTS[:2], target, **options)
+    for name in ARRAYS:
+        a, b = getattr(batched, name), getattr(one_forward, name)
+        if b is not None:
+            _close(a, b, f"bridge {arch} {name} vs one forward")
+
+
+@needs_bridge
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_bridge_attention_reads_the_cache_only_with_past_key_values(arch, monkeypatch):
+    """transformers 5 passes the cache to attention as ``cache=``; TransformerLens 4's GPT-2 and
+    Llama attention bridges read ``past_key_values=``. Without the mapping of
+    ``cached_final_residual`` the cache stays empty: the chunked residual is wrong, the call is
+    a ModelError, and the probe keeps the one-forward path."""
+    from lens_attrib import backend_bridge
+    from lens_attrib.backend import arch_of, cached_final_residual, key_value_cache
+    from lens_attrib.hooks.guard import model_guard
+
+    model = _bridge(arch)
+    arch_facts = arch_of(model)
+    tokens = torch.tensor([[3, 5, 7, 9]])
+    with model_guard(model), torch.no_grad():
+        cache = key_value_cache(model, arch_facts, 1, tokens.device)
+        cached_final_residual(model, arch_facts, tokens[:, :2], cache)
+        assert int(cache.get_seq_length()) == 2
+        assert prefix_chunks.cache_agrees(model, arch_facts)
+        monkeypatch.setattr(backend_bridge, "_attention_bridges", lambda model: [])
+        cache = key_value_cache(model, arch_facts, 1, tokens.device)
+        with pytest.raises(ModelError, match="cache grew by 0 positions"):
+            cached_final_residual(model, arch_facts, tokens[:, :2], cache)
+        assert not prefix_chunks.cache_agrees(model, arch_facts)

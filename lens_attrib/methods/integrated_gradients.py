@@ -353,7 +353,7 @@ def chunked_path_integral(
             return point.detach().requires_grad_(True)
 
         tokens = path.batch.tokens.expand(int(a.shape[0]), -1)
-        forward = chunked_forward(model, tokens, names, on_path, bounds)
+        forward = chunked_forward(model, path.batch.arch, tokens, names, on_path, bounds)
         per_step = forward.resid[None].expand(n_steps, -1, -1, -1)
         values = _step_values(per_step, steps, head)
         weighted = (values * w.to(values)).sum()

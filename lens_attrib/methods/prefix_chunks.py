@@ -14,9 +14,12 @@ back-propagated instead of ``S · L`` (``S_k`` steps in chunk ``k``). The gradie
 
 Used by Saliency and Gradient×Input (:func:`chunked_step_gradients_at`) and by Integrated
 Gradients' shared path (each node batch one chunked forward), where :func:`chunk_bounds` allows
-it: a TransformerLens 3 decoder (``HookedTransformer``, whose cache keeps the graph) with no hook
-on any hook point — a user's hook must see whole sequences (a position-indexed edit would land
-elsewhere in a chunk), so under user hooks the one-forward path runs.
+it: a decoder, TransformerLens 3's ``HookedTransformer`` or TransformerLens 4's bridge (both
+caches keep the graph; the bridge's through Hugging Face's ``DynamicCache``, see
+:func:`lens_attrib.backend_bridge.cached_final_residual`), whose cache reproduces the full
+forward on a short probe (:func:`cache_agrees`), with no hook on any hook point — a user's hook
+must see whole sequences (a position-indexed edit would land elsewhere in a chunk), so under
+user hooks the one-forward path runs.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_attrib.backend import Arch, is_bridge
+from lens_attrib.backend import Arch, cached_final_residual, final_residual, key_value_cache
+from lens_attrib.errors import ModelError
 from lens_attrib.finite import check_activations
 from lens_attrib.forward import Forward, check_value, select_steps, step_groups
 from lens_attrib.inputs import Batch
@@ -58,12 +62,43 @@ def prefix_bounds(positions: Sequence[int], n_chunks: int) -> list[int]:
 
 
 def can_chunk(model: Any, arch: Arch) -> bool:
-    """Whether a sequence of ``model`` may run in chunks: a TransformerLens 3 decoder (its
-    key–value cache keeps the graph) on which no hook point has a hook, and
-    ``PREFIX_CHUNKS ≥ 2``."""
-    if PREFIX_CHUNKS < 2 or arch.encoder or is_bridge(model) or not hasattr(model, "hook_dict"):
+    """Whether a sequence of ``model`` may run in chunks: a decoder (TransformerLens 3's
+    ``HookedTransformer`` or TransformerLens 4's bridge) on which no hook point has a hook, with
+    ``PREFIX_CHUNKS ≥ 2``, whose key–value cache reproduces the full forward
+    (:func:`cache_agrees`)."""
+    if PREFIX_CHUNKS < 2 or arch.encoder or not hasattr(model, "hook_dict"):
         return False
-    return not any(has_hooks(point) for point in model.hook_dict.values())
+    if any(has_hooks(point) for point in model.hook_dict.values()):
+        return False
+    return cache_agrees(model, arch)
+
+
+PROBE_TOKENS = 3
+PROBE_TOLERANCE = 1e-3
+"""The probe of :func:`cache_agrees`: its length, and the largest difference allowed, relative
+to the full forward's largest entry (float32 rounding and another attention kernel: ~1e-6)."""
+
+
+def cache_agrees(model: Any, arch: Arch) -> bool:
+    """Whether the final residual of a ``PROBE_TOKENS``-token probe (ids 1, 2, …; distinct, so
+    that attending to the cached keys matters) run one token at a time through
+    :func:`lens_attrib.backend.key_value_cache` equals the full forward's. A backend whose
+    attention ignores the cache (or does not extend it, a ModelError) gets the one-forward path
+    instead of wrong chunks. No graph; three forwards of at most ``PROBE_TOKENS`` tokens."""
+    tokens = torch.arange(1, PROBE_TOKENS + 1, device=model.cfg.device)[None]
+    tokens = tokens % int(model.cfg.d_vocab)
+    with torch.no_grad():
+        full = final_residual(model, arch, tokens, torch.ones_like(tokens, dtype=torch.bool), False)
+        cache = key_value_cache(model, arch, 1, tokens.device)
+        try:
+            parts = [
+                cached_final_residual(model, arch, tokens[:, i : i + 1], cache)
+                for i in range(PROBE_TOKENS)
+            ]
+        except ModelError:
+            return False
+    gap = float((torch.cat(parts, dim=1) - full).abs().max())
+    return gap <= PROBE_TOLERANCE * float(full.abs().max())
 
 
 def chunk_bounds(model: Any, arch: Arch, positions: Sequence[int]) -> list[int] | None:
@@ -96,18 +131,19 @@ class ChunkedForward:
 
 def chunked_forward(
     model: Any,
+    arch: Arch,
     tokens: Int[Tensor, "rows pos"],
     names: Sequence[str],
     leaf: LeafFn,
     bounds: Sequence[int],
 ) -> ChunkedForward:
     """``tokens`` (unpadded rows) up to the final residual, as the chunks ending at ``bounds``
-    (``bounds[-1]`` the length), through TransformerLens' key–value cache; at each hook of
-    ``names`` the forward continues with ``leaf(k, x, columns)``. Runs under the caller's hooks
+    (``bounds[-1]`` the length), through the model's key–value cache
+    (:func:`lens_attrib.backend.key_value_cache`,
+    :func:`~lens_attrib.backend.cached_final_residual`); at each hook of ``names`` the forward
+    continues with ``leaf(k, x, columns)``. Runs under the caller's hooks
     context and autograd mode; non-finite activations are errors naming the weight
     (:func:`lens_attrib.finite.check_activations`)."""
-    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
     if int(bounds[-1]) != int(tokens.shape[1]):
         raise ValueError(f"The last chunk ends at {bounds[-1]}, the sequence at {tokens.shape[1]}.")
     leaves: list[list[Tensor]] = [[] for _ in names]
@@ -121,14 +157,12 @@ def chunked_forward(
 
         return hook
 
-    rows = int(tokens.shape[0])
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, tokens.device, rows)
+    cache = key_value_cache(model, arch, int(tokens.shape[0]), tokens.device)
     resids: list[Tensor] = []
-    n_layers = int(model.cfg.n_layers)
     with model.hooks(fwd_hooks=[(n, hook_of(k)) for k, n in enumerate(names)]):
         for end in bounds:
             chunk = tokens[:, where["start"] : end]
-            resid = model(chunk, stop_at_layer=n_layers, past_kv_cache=cache)
+            resid = cached_final_residual(model, arch, chunk, cache)
             check_activations(model, resid, torch.ones_like(chunk, dtype=torch.bool))
             resids.append(resid)
             where["start"] = end
@@ -232,7 +266,7 @@ def chunked_step_gradients_at(
         steps = select_steps(target, rows)
         at = steps.positions(alone).tolist()
         bounds = prefix_bounds(at, PREFIX_CHUNKS)
-        fwd = chunked_forward(model, alone.tokens[:1], names, _capture_leaf, bounds)
+        fwd = chunked_forward(model, batch.arch, alone.tokens[:1], names, _capture_leaf, bounds)
         per_step = fwd.resid.expand(len(rows), -1, -1)
         f, got, out = steps.evaluate(model, alone, per_step)
         check_value(f, model)
