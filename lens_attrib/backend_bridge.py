@@ -31,6 +31,11 @@ means something else on the bridge, this module maps it:
   row that sees no key (left padding) gets a uniform or, in float64 where two ``finfo.min`` sum
   to ``−inf``, a NaN pattern that poisons every later position: :func:`call_context` turns on
   the attention's compatibility masking (``−inf``, fully masked rows zeroed) for each call.
+- Key–value cache (:func:`cached_final_residual`, for prefix chunks): transformers 5 hands the
+  cache to attention modules as ``cache=``, TransformerLens 4's GPT-2 and Llama attention
+  bridges read ``past_key_values=`` and would silently attend to the new tokens alone; for the
+  call every attention bridge also gets it as ``past_key_values``, and the cache must grow by
+  the new tokens (else a ModelError).
 - ``hook_resid_mid`` on the bridge is the MLP's input only (an edit there does not reach the
   residual stream): no method hooks it.
 - Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): transformers runs all experts as one
