@@ -79,8 +79,17 @@ def cached_final_residual(
     model: Any, arch: Arch, tokens: Tensor, cache: Any
 ) -> Float[Tensor, "batch pos d_model"]:
     """:func:`final_residual` of the unpadded ``tokens`` that follow the positions already in
-    ``cache`` (attending to them; the new keys and values are appended to ``cache``)."""
-    return cast(Tensor, model(tokens, stop_at_layer=arch.n_layers, past_kv_cache=cache))
+    ``cache`` (attending to them; the new keys and values are appended to ``cache``).
+
+    The attention mask is given (all ones): without one, a forward with a cache builds it from
+    the tokenizer and hides every pad-token id (``utils.get_attention_mask``), so a sequence
+    holding that id as a real token (SmolLM2's ``<|im_end|>``, id 2, ends every chat turn)
+    would attend past it (its final residual thousands off the full forward's)."""
+    mask = torch.ones_like(tokens)
+    return cast(
+        Tensor,
+        model(tokens, stop_at_layer=arch.n_layers, past_kv_cache=cache, attention_mask=mask),
+    )
 
 
 def embedding_forward(
