@@ -370,3 +370,33 @@ def test_bridge_attention_reads_the_cache_only_with_past_key_values(arch, monkey
         with pytest.raises(ModelError, match="cache grew by 0 positions"):
             cached_final_residual(model, arch_facts, tokens[:, :2], cache)
         assert not prefix_chunks.cache_agrees(model, arch_facts)
+
+
+@pytest.mark.parametrize(
+    "options", [{"method": "gradient"}, {"method": "integrated_gradients", "n_steps": 2}]
+)
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_pad_token_ids_in_the_sequence_are_real_tokens(arch, options, monkeypatch):
+    """The pad-token id as a real token of prompt and continuation (SmolLM2's ``<|im_end|>``
+    ends every chat turn): a cached forward must not hide it (TransformerLens 3 builds a missing
+    attention mask from the tokenizer), so chunks equal the one-forward path and each prefix.
+    The continuation's pad token is special as in the prefix's own batch (IG keeps it off the
+    path; ``generation.steps_of`` marked continuation tokens never special before)."""
+    import lens_attrib.methods.integrated_gradients as ig_module
+
+    model = _model(arch)
+    pad = int(model.tokenizer.pad_token_id)
+    prompt = to_batch(model, PROMPTS[0]).tokens[0].tolist()
+    prompt = [*prompt[:2], pad, *prompt[2:]]
+    words = _ids(model, CONTINUATIONS[0])
+    cont = [words[0], pad, *words[1:]]
+    chunk_forwards = _spy(monkeypatch, prefix_chunks, "chunked_forward")
+    _spy(monkeypatch, ig_module, "chunked_forward", chunk_forwards)
+    chunked = attribute(model, torch.tensor(prompt), Target(continuation=cont), **options)
+    assert chunk_forwards, "the chunks did not run"
+    for s, token in enumerate(cont):
+        single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **options)
+        _check_rows(chunked, s, single, len(prompt) + s, f"{arch} pad step {s}")
+    monkeypatch.setattr(prefix_chunks, "PREFIX_CHUNKS", 1)
+    one_forward = attribute(model, torch.tensor(prompt), Target(continuation=cont), **options)
+    _close(chunked.scores, one_forward.scores, f"{arch} pad vs one forward")
