@@ -21,9 +21,11 @@ Compared (ours ÷ Inseq): ``gradient`` (ℓ2 saliency) ÷ ``saliency``, ``grad_x
 ``internal_batch_size`` is left at its default: all points in one batch, as ours). Ours alone:
 ``alti_logit``, ``attnlrp`` and IG at its default (``n_steps="auto"``, adaptive panels, run on the
 first ``--ig-default-steps`` continuation tokens only: it costs hundreds of evaluations per step).
-``gradient_unchunked`` / ``grad_x_input_unchunked``: ours without prefix chunks
-(``prefix_chunks.PREFIX_CHUNKS = 1``: one forward, every step's backward over all positions),
-measured next to the chunked run for the paired ratio chunked ÷ unchunked.
+``gradient`` / ``grad_x_input`` run with prefix chunks (``prefix_chunks.STEP_GRADIENT_CHUNKS``,
+off by default), ``gradient_unchunked`` / ``grad_x_input_unchunked`` without
+(``prefix_chunks.PREFIX_CHUNKS = 1``: one forward, every step's backward over all positions, the
+library's default for them), measured next to each other for the paired ratio chunked ÷
+unchunked.
 ``reference``: one forward of the full sequence (prompt + continuation[:-1]) with gradients, the
 final norm and unembedding at the last position, and one backward pass to the embedding; goals are
 stated against it for ALTI-Logit (all steps ≤ 3× it) and against Inseq for the gradient methods
@@ -107,11 +109,13 @@ def _our_call(kind: str, opts: dict[str, Any]) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_model("smollm2-135m")
-    if kind.endswith(UNCHUNKED):  # the one-forward path: no prefix chunks
-        import lens_attrib.methods.prefix_chunks as prefix_chunks
+    import lens_attrib.methods.prefix_chunks as prefix_chunks
 
+    if kind.endswith(UNCHUNKED):  # the one-forward path: no prefix chunks
         prefix_chunks.PREFIX_CHUNKS = 1
         kind = kind.removesuffix(UNCHUNKED)
+    elif kind in ("gradient", "grad_x_input"):  # measured with chunks (off by default)
+        prefix_chunks.STEP_GRADIENT_CHUNKS = True
 
     def call(prompt: list[int], cont: list[int]) -> None:
         tokens = torch.tensor(prompt)

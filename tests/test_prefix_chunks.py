@@ -34,6 +34,13 @@ FOILS = ["dog", "are", "near", "a"]
 ARRAYS = ("scores", "head_scores", "head_token_scores")
 
 
+@pytest.fixture(autouse=True)
+def _step_gradient_chunks(monkeypatch):
+    """Saliency and Gradient×Input chunk only when asked (``STEP_GRADIENT_CHUNKS``, off by
+    default: slower on CPU); these tests ask."""
+    monkeypatch.setattr(prefix_chunks, "STEP_GRADIENT_CHUNKS", True)
+
+
 @functools.cache
 def _model(arch: str) -> Any:
     if arch == "gpt2":
@@ -266,6 +273,15 @@ def test_a_user_hook_sees_whole_sequences_and_its_edit_is_honoured(arch, options
     change = float((hooked.scores - plain.scores).abs().max())
     assert change > 1e-3 * float(plain.scores.abs().max()), "the edit changed nothing"
     assert not model.hook_dict["blocks.0.hook_resid_post"].fwd_hooks, "a hook outlived the call"
+
+
+def test_saliency_chunks_only_when_asked(monkeypatch):
+    model = _model("llama")
+    _, conts, _ = _case(model)
+    chunk_forwards = _spy(monkeypatch, prefix_chunks, "chunked_forward")
+    monkeypatch.setattr(prefix_chunks, "STEP_GRADIENT_CHUNKS", False)
+    attribute(model, PROMPTS, Target(continuation=conts), method="grad_x_input")
+    assert not chunk_forwards
 
 
 def test_a_cache_that_disagrees_with_the_full_forward_keeps_the_one_forward_path(monkeypatch):

@@ -47,6 +47,15 @@ PREFIX_CHUNKS = 4
 for Integrated Gradients on SmolLM2 (64 + 32 tokens). Below 2: no chunks (the one-forward
 path)."""
 
+STEP_GRADIENT_CHUNKS = False
+"""Whether Saliency and Gradient×Input (:func:`prefix_gradients_at`) run in chunks (Integrated
+Gradients always may). Off: on SmolLM2 (CPU, float32, one thread) the chunked run took 1.4–2.5×
+the one-forward path's time (in-process pairs, 64 + 12 and 16 + 8 tokens; the benchmark's
+64 + 32: 1.9× in one pair, 0.62× in another under load 7–14): the cached forward runs
+TransformerLens' eager attention, whose backward has no vectorising rule for ``where`` and
+``_softmax_backward_data`` (per-cotangent loops), while the one-forward path's fused attention
+does; the positions saved (2,656 of 3,040 step-positions) do not pay for that."""
+
 LeafFn = Callable[[int, Tensor, slice], Tensor]
 """``(k, activation of a chunk at hook name k, the chunk's columns) -> the tensor the forward
 continues with`` (what the gradients are taken to: a leaf, or the activation itself when it
@@ -304,15 +313,22 @@ def prefix_gradients_at(
 ) -> tuple[list[Tensor], list[Tensor], Forward]:
     """:func:`lens_attrib.methods.backprop.gradients_at` (no extra hooks), with a generation
     step batch's sequences in prefix chunks (:func:`chunked_step_gradients_at`) where
-    :func:`can_chunk` allows it and some sequence has more than one step; the same numbers."""
+    :data:`STEP_GRADIENT_CHUNKS` is on, :func:`can_chunk` allows it and some sequence has more
+    than one step; the same numbers."""
     groups = step_groups(batch)
-    if groups is not None and max(len(g) for g in groups) > 1 and can_chunk(model, batch.arch):
+    if (
+        STEP_GRADIENT_CHUNKS
+        and groups is not None
+        and max(len(g) for g in groups) > 1
+        and can_chunk(model, batch.arch)
+    ):
         return chunked_step_gradients_at(model, batch, target, names, groups)
     return gradients_at(model, batch, target, names)
 
 
 __all__ = [
     "PREFIX_CHUNKS",
+    "STEP_GRADIENT_CHUNKS",
     "ChunkedForward",
     "LeafFn",
     "backward_step_positions",
