@@ -21,6 +21,11 @@ Compared (ours ÷ Inseq): ``gradient`` (ℓ2 saliency) ÷ ``saliency``, ``grad_x
 ``internal_batch_size`` is left at its default: all points in one batch, as ours). Ours alone:
 ``alti_logit``, ``attnlrp`` and IG at its default (``n_steps="auto"``, adaptive panels, run on the
 first ``--ig-default-steps`` continuation tokens only: it costs hundreds of evaluations per step).
+``gradient`` / ``grad_x_input`` run with prefix chunks (``prefix_chunks.STEP_GRADIENT_CHUNKS``,
+off by default), ``gradient_unchunked`` / ``grad_x_input_unchunked`` without
+(``prefix_chunks.PREFIX_CHUNKS = 1``: one forward, every step's backward over all positions, the
+library's default for them), measured next to each other for the paired ratio chunked ÷
+unchunked.
 ``reference``: one forward of the full sequence (prompt + continuation[:-1]) with gradients, the
 final norm and unembedding at the last position, and one backward pass to the embedding; goals are
 stated against it for ALTI-Logit (all steps ≤ 3× it) and against Inseq for the gradient methods
@@ -60,13 +65,16 @@ HF_DIR_NAME = "smollm2-135m-hf-f32-inseq"
 WARM_PROMPT, WARM_STEPS = 8, 2
 OURS = {
     "reference": None,
+    "gradient_unchunked": None,
     "gradient": "saliency",
+    "grad_x_input_unchunked": None,
     "grad_x_input": "input_x_gradient",
     "ig_matched": "integrated_gradients",
     "alti_logit": None,
     "attnlrp": None,
     "ig_default": None,
 }
+UNCHUNKED = "_unchunked"
 GOAL_VS_INSEQ = 0.5
 GOAL_ALTI_VS_REFERENCE = 3.0
 
@@ -101,6 +109,13 @@ def _our_call(kind: str, opts: dict[str, Any]) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_model("smollm2-135m")
+    import lens_attrib.methods.prefix_chunks as prefix_chunks
+
+    if kind.endswith(UNCHUNKED):  # the one-forward path: no prefix chunks
+        prefix_chunks.PREFIX_CHUNKS = 1
+        kind = kind.removesuffix(UNCHUNKED)
+    elif kind in ("gradient", "grad_x_input"):  # measured with chunks (off by default)
+        prefix_chunks.STEP_GRADIENT_CHUNKS = True
 
     def call(prompt: list[int], cont: list[int]) -> None:
         tokens = torch.tensor(prompt)
@@ -318,7 +333,15 @@ def paired_report(results: dict[str, Any]) -> list[str]:
     (ours and the peer run back to back, so both see about the same load), and their median."""
     pairs = [
         (f"{kind} ÷ {peer}", f"ours:{kind}", f"inseq:{peer}") for kind, peer in OURS.items() if peer
-    ] + [("alti_logit ÷ reference (ours alone)", "ours:alti_logit", "ours:reference")]
+    ] + [
+        ("alti_logit ÷ reference (ours alone)", "ours:alti_logit", "ours:reference"),
+        ("gradient chunked ÷ unchunked (ours)", "ours:gradient", "ours:gradient_unchunked"),
+        (
+            "grad_x_input chunked ÷ unchunked (ours)",
+            "ours:grad_x_input",
+            "ours:grad_x_input_unchunked",
+        ),
+    ]
     rounds = sorted({r["round"] for rows in results.values() for r in rows})
     head = " | ".join(f"round {r + 1}" for r in rounds)
     lines = [f"| paired ratio | {head} | median |", "|---" + "|---:" * (len(rounds) + 1) + "|"]

@@ -42,6 +42,8 @@ BACKEND_INTERFACE = (
     "arch_of",
     "forward_kwargs",
     "final_residual",
+    "key_value_cache",
+    "cached_final_residual",
     "embedding_forward",
     "block_forward",
     "residual_before",
@@ -65,6 +67,9 @@ BACKEND_INTERFACE = (
 - ``forward_kwargs(arch, mask, padded, token_types)``: the attention-mask keywords of a forward;
 - ``final_residual(model, arch, tokens, mask, padded, token_types)``: the residual stream after
   the last block (the caller's hooks fire), ``embedding_forward(...)``: only the embedding;
+- ``key_value_cache(model, arch, rows, device)``: an empty key–value cache whose entries keep
+  their graph; ``cached_final_residual(model, arch, tokens, cache)``: the final residual of
+  unpadded decoder ``tokens`` that follow the positions in ``cache`` (appended to it);
 - ``block_forward(model, arch, layer, resid, mask, padded)``: one block alone;
   ``residual_before(model, arch, layer, tokens, mask, padded, token_types)``: the residual
   entering a block; ``residual_from(model, arch, resid, layer, mask)``: the blocks from ``layer``
@@ -249,6 +254,22 @@ def final_residual(
     ``token_types``: an encoder's segment ids (``None``: segment 0 everywhere)."""
     impl = backend_module(arch)
     return cast(Tensor, impl.final_residual(model, arch, tokens, mask, padded, token_types))
+
+
+def key_value_cache(model: Any, arch: Arch, rows: int, device: torch.device) -> Any:
+    """An empty key–value cache of a decoder for ``rows`` sequences, differentiable through its
+    entries (for :func:`cached_final_residual`)."""
+    return backend_module(arch).key_value_cache(model, arch, rows, device)
+
+
+def cached_final_residual(
+    model: Any, arch: Arch, tokens: Tensor, cache: Any
+) -> Float[Tensor, "batch pos d_model"]:
+    """The residual after the last block of unpadded decoder ``tokens`` that continue the
+    positions already in ``cache`` (they attend to the cached keys and values, and theirs are
+    appended): a sequence run chunk by chunk gives the residual of the whole forward."""
+    impl = backend_module(arch)
+    return cast(Tensor, impl.cached_final_residual(model, arch, tokens, cache))
 
 
 def block_forward(
@@ -472,6 +493,7 @@ __all__ = [
     "backend_module",
     "block",
     "block_forward",
+    "cached_final_residual",
     "call_context",
     "check_applies_to",
     "default_head",
@@ -487,6 +509,7 @@ __all__ = [
     "hook_name",
     "is_bridge",
     "is_encoder",
+    "key_value_cache",
     "layer_norm_activation",
     "lm_head",
     "mlm_head_parts",

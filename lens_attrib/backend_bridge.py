@@ -31,6 +31,11 @@ means something else on the bridge, this module maps it:
   row that sees no key (left padding) gets a uniform or, in float64 where two ``finfo.min`` sum
   to ``−inf``, a NaN pattern that poisons every later position: :func:`call_context` turns on
   the attention's compatibility masking (``−inf``, fully masked rows zeroed) for each call.
+- Key–value cache (:func:`cached_final_residual`, for prefix chunks): transformers 5 hands the
+  cache to attention modules as ``cache=``, TransformerLens 4's GPT-2 and Llama attention
+  bridges read ``past_key_values=`` and would silently attend to the new tokens alone; for the
+  call every attention bridge also gets it as ``past_key_values``, and the cache must grow by
+  the new tokens (else a ModelError).
 - ``hook_resid_mid`` on the bridge is the MLP's input only (an edit there does not reach the
   residual stream): no method hooks it.
 - Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): transformers runs all experts as one
@@ -84,6 +89,7 @@ backend="bridge")`` does this), as TransformerLens 3.9's loader does.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -168,6 +174,72 @@ def final_residual(
     last block's output, :func:`encoder_final_residual`)."""
     if arch.encoder:
         return encoder_final_residual(model, arch, tokens, mask, token_types)
+    return _residual_of_call(model, arch, tokens, forward_kwargs(arch, mask, padded))
+
+
+def key_value_cache(model: Any, arch: Arch, rows: int, device: torch.device) -> Any:
+    """An empty key–value cache: Hugging Face's ``DynamicCache`` of the wrapped model (it grows
+    by concatenation, so the cached keys and values keep their graph)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.original_model.config)
+
+
+def cached_final_residual(
+    model: Any, arch: Arch, tokens: Tensor, cache: Any
+) -> Float[Tensor, "batch pos d_model"]:
+    """:func:`final_residual` of the unpadded ``tokens`` that follow the positions already in
+    ``cache`` (Hugging Face places them after the cached ones and appends their keys and values
+    to ``cache``).
+
+    transformers 5 hands the cache to attention modules as ``cache=``, while the attention
+    bridges of TransformerLens 4 read ``past_key_values=`` (or ``layer_past=``): GPT-2's and
+    Llama's would leave the cache empty and attend to the new tokens alone (float64, tiny
+    models: final residual 0.07 and 0.05 off the full forward's; GPT-NeoX's reads
+    ``layer_past`` and matches). For this call every attention bridge also gets the cache as
+    ``past_key_values``, and the cache must have grown by exactly ``tokens``' length (else a
+    ModelError: the chunks would be silently wrong)."""
+    before = int(cache.get_seq_length())
+
+    def with_past(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("cache") is cache and kwargs.get("past_key_values") is None:
+            return args, {**kwargs, "past_key_values": cache}
+        return None
+
+    handles = [
+        attn.register_forward_pre_hook(with_past, with_kwargs=True, prepend=True)
+        for attn in _attention_bridges(model)
+    ]
+    try:
+        resid = _residual_of_call(
+            model, arch, tokens, {_cache_keyword(model): cache, "use_cache": True}
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    grown = int(cache.get_seq_length()) - before
+    if grown != int(tokens.shape[1]):
+        raise ModelError(
+            f"The bridge's key–value cache grew by {grown} positions for {tokens.shape[1]} new "
+            "tokens: its attention does not extend the cache as Hugging Face's does, so the "
+            "sequence cannot run in chunks. Explain the steps under a hook (any hook keeps the "
+            "one-forward path) or use backend='hooked'."
+        )
+    return resid
+
+
+def _cache_keyword(model: Any) -> str:
+    """The keyword the wrapped model's forward takes its cache by: ``cache`` (transformers ≥ 5.x,
+    which warns that ``past_key_values`` is deprecated), else ``past_key_values``."""
+    parameters = inspect.signature(model.original_model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _residual_of_call(
+    model: Any, arch: Arch, tokens: Tensor, kwargs: dict[str, Any]
+) -> Float[Tensor, "batch pos d_model"]:
+    """The input of ``ln_final`` (after the user's hooks there) once the last block has run, on
+    ``model(tokens, **kwargs)``; the forward stopped there."""
     point = _final_residual_point(model)
     after_blocks = {"done": False}
 
@@ -185,7 +257,7 @@ def final_residual(
         point.register_forward_hook(stop),
     ]
     try:
-        model(tokens, **forward_kwargs(arch, mask, padded))
+        model(tokens, **kwargs)
     except _ResidualReached as reached:
         return reached.resid
     finally:

@@ -67,6 +67,31 @@ def final_residual(
     )
 
 
+def key_value_cache(model: Any, arch: Arch, rows: int, device: torch.device) -> Any:
+    """An empty key–value cache for ``rows`` sequences: TransformerLens' own, whose entries keep
+    their graph (differentiable through the cached keys and values)."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    return TransformerLensKeyValueCache.init_cache(model.cfg, device, rows)
+
+
+def cached_final_residual(
+    model: Any, arch: Arch, tokens: Tensor, cache: Any
+) -> Float[Tensor, "batch pos d_model"]:
+    """:func:`final_residual` of the unpadded ``tokens`` that follow the positions already in
+    ``cache`` (attending to them; the new keys and values are appended to ``cache``).
+
+    The attention mask is given (all ones): without one, a forward with a cache builds it from
+    the tokenizer and hides every pad-token id (``utils.get_attention_mask``), so a sequence
+    holding that id as a real token (SmolLM2's ``<|im_end|>``, id 2, ends every chat turn)
+    would attend past it (its final residual thousands off the full forward's)."""
+    mask = torch.ones_like(tokens)
+    return cast(
+        Tensor,
+        model(tokens, stop_at_layer=arch.n_layers, past_kv_cache=cache, attention_mask=mask),
+    )
+
+
 def embedding_forward(
     model: Any,
     arch: Arch,

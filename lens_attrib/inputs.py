@@ -152,6 +152,13 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return {int(i) for i in ids}
 
 
+def special_token_mask(model: Any, ids: Sequence[int]) -> Bool[Tensor, "pos"]:
+    """Which of ``ids`` are special tokens of the model's tokenizer (the rule of
+    :func:`to_batch`'s ``Batch.special``; all False without a tokenizer)."""
+    special = _special_ids(model.tokenizer) if model.tokenizer is not None else set()
+    return torch.tensor([int(i) in special for i in ids], dtype=torch.bool)
+
+
 def str_tokens_of(model: Any, ids: Sequence[int]) -> list[str]:
     tokenizer = model.tokenizer
     if tokenizer is None:

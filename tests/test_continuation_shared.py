@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import lens_attrib.methods.backprop as backprop
+import lens_attrib.methods.prefix_chunks as prefix_chunks
 from lens_attrib import Target, attribute
 from lens_attrib.fastpath import enable_fast_forward
 from lens_attrib.inputs import to_batch
@@ -345,7 +346,7 @@ def test_integrated_gradients_prefix_chunks_equal_each_prefix(arch, options, mon
         return real(*args)
 
     monkeypatch.setattr(ig_module, "chunked_path_integral", spy)
-    monkeypatch.setattr(ig_module, "PREFIX_CHUNKS", 3)
+    monkeypatch.setattr(prefix_chunks, "PREFIX_CHUNKS", 3)
     ig = {"method": "integrated_gradients", "n_steps": 3, "step_batch": 2, **options}
     forced = attribute(model, torch.tensor(prompt), Target(continuation=cont), **ig)
     length = len(prompt) + len(cont) - 1 + int(not start)
@@ -358,8 +359,6 @@ def test_integrated_gradients_prefix_chunks_equal_each_prefix(arch, options, mon
 
 
 def test_prefix_bounds_split_the_step_positions():
-    import lens_attrib.methods.integrated_gradients as ig_module
-
-    assert ig_module.prefix_bounds([5, 6, 7, 8, 9, 10, 11, 12], 4) == [7, 9, 11, 13]
-    assert ig_module.prefix_bounds([5, 6, 7], 4) == [6, 7, 8]
-    assert ig_module.prefix_bounds([3, 4, 5, 6, 7], 2) == [5, 8]
+    assert prefix_chunks.prefix_bounds([5, 6, 7, 8, 9, 10, 11, 12], 4) == [7, 9, 11, 13]
+    assert prefix_chunks.prefix_bounds([5, 6, 7], 4) == [6, 7, 8]
+    assert prefix_chunks.prefix_bounds([3, 4, 5, 6, 7], 2) == [5, 8]

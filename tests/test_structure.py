@@ -107,6 +107,7 @@ SHARED_MACHINERY = {
     "lens_attrib.methods.backprop",  # gradients at hooks, Gradient×Input pooling, shared options
     "lens_attrib.methods.baselines",  # baselines of the path methods (IG, DeepLIFT)
     "lens_attrib.methods.path_quadrature",  # adaptive quadrature (IG numerics)
+    "lens_attrib.methods.prefix_chunks",  # generation steps in chunks through the KV cache
     "lens_attrib.methods.propagation",  # row tracing down token-mixing matrices
     "lens_attrib.methods.alti_mixing",  # ALTI's transformed vectors and mixing (ALTI, GlobEnc)
     "lens_attrib.methods.generation",  # Target(generate=N / continuation=...) as step batches

@@ -27,7 +27,7 @@ from torch import Tensor
 from lens_attrib.errors import InputError, TargetError
 from lens_attrib.forward import no_grad_context, resid_of
 from lens_attrib.hooks.guard import model_guard
-from lens_attrib.inputs import Batch, pad_id_of, str_tokens_of
+from lens_attrib.inputs import Batch, pad_id_of, special_token_mask, str_tokens_of
 from lens_attrib.target import Target
 
 
@@ -222,11 +222,10 @@ def steps_of(
             )
         sequences.append(seq)
         special = batch.special[b][batch.mask[b]]
-        specials.append(
-            torch.cat(
-                [special, torch.zeros(len(cont) - 1, dtype=torch.bool, device=special.device)]
-            )
-        )
+        # continuation tokens are special by the prompt's rule (a chat turn's <|im_end|>), so
+        # that every step equals its prefix explained alone (IG's keep_sink="special")
+        cont_special = special_token_mask(model, cont[:-1]).to(special.device)
+        specials.append(torch.cat([special, cont_special]))
     row_prompt = [b for b, cont in enumerate(continuations) for _ in cont]
     row_step = [s for cont in continuations for s in range(len(cont))]
     length = max(len(seq) for seq in sequences)

@@ -6,8 +6,10 @@ For input embeddings ``e_i = Σ_k e_i^k`` (token + positional + token-type, or t
 - ``gradient``:      ``R_i = ‖∂f/∂e_i‖_p``  (Simonyan et al. 2014; p = 1 or 2)
 - ``grad_x_input``:  ``R_i = Σ_k Σ_d e_{i,d}^k · ∂f/∂e_{i,d}^k``  (Shrikumar et al. 2016)
 
-One forward and one backward pass for the whole batch; parameters stay frozen. Integrated
-Gradients is in :mod:`.integrated_gradients`, its baselines in :mod:`.baselines`.
+One forward and one backward pass for the whole batch; parameters stay frozen. The steps of a
+generation (``Target(continuation=...)``) share one forward per sequence, run in prefix chunks
+where no hook is set (:mod:`.prefix_chunks`: each step's backward stops at its chunk's end).
+Integrated Gradients is in :mod:`.integrated_gradients`, its baselines in :mod:`.baselines`.
 
 Per-head relevances (``heads=True``), read in the same backward pass at every ``attn.hook_z``
 (the head outputs ``z`` ``[batch, pos, head, d_head]`` before ``W_O``):
@@ -30,9 +32,9 @@ from lens_attrib.methods.backprop import (
     EMBEDDING_OPTION,
     HEADS_OPTION,
     grad_x_input_scores,
-    gradients_at,
     head_relevances,
 )
+from lens_attrib.methods.prefix_chunks import prefix_gradients_at
 from lens_attrib.methods.registry import MethodOutput, Option, register
 from lens_attrib.target import Target
 
@@ -61,7 +63,7 @@ def gradient(
     """
     names = embedding_hooks(batch.arch, "partial")
     names += head_output_hooks(batch.arch) if heads else []
-    xs, grads, result = gradients_at(model, batch, target, names)
+    xs, grads, result = prefix_gradients_at(model, batch, target, names)
     g: Float[Tensor, "batch pos d"] = grads[0]
     scores = g.abs().sum(-1) if norm == "l1" else g.norm(dim=-1)
     fields = head_relevances(xs[1:], grads[1:], batch.mask, norm) if heads else {}
@@ -106,7 +108,7 @@ def grad_x_input(
         )
     emb = embedding_hooks(batch.arch, used)
     names = emb + (head_output_hooks(batch.arch) if heads else [])
-    xs, grads, result = gradients_at(model, batch, target, names)
+    xs, grads, result = prefix_gradients_at(model, batch, target, names)
     n = len(emb)
     scores = grad_x_input_scores(xs[:n], grads[:n])
     fields = head_relevances(xs[n:], grads[n:], batch.mask) if heads else {}

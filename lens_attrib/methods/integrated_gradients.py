@@ -31,15 +31,7 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_attrib.backend import (
-    EMBEDDINGS,
-    Arch,
-    backward_bytes_per_row,
-    embedding_hooks,
-    has_hooks,
-    is_bridge,
-)
-from lens_attrib.finite import check_activations
+from lens_attrib.backend import EMBEDDINGS, Arch, backward_bytes_per_row, embedding_hooks
 from lens_attrib.forward import (
     FwdHooks,
     available_memory,
@@ -66,6 +58,7 @@ from lens_attrib.methods.path_quadrature import (
     adaptive_quadrature,
     adaptive_rounds,
 )
+from lens_attrib.methods.prefix_chunks import chunk_bounds, chunked_forward, chunked_vjps
 from lens_attrib.methods.registry import (
     MethodOutput,
     Option,
@@ -79,9 +72,6 @@ from lens_attrib.target import ResolvedTarget, Target
 RULES = ("gausslegendre", "trapezoid", "riemann", "riemann_left", "riemann_right", "riemann_middle")
 PANEL_POINTS = 8
 """Nodes per panel of ``n_steps="auto"`` (two panels first, then bisection: path_quadrature)."""
-PREFIX_CHUNKS = 4
-"""Runs of steps of a shared path whose backward stops at the run's last position
-(:func:`chunked_path_integral`); 4 measured fastest on SmolLM2 (64 + 32 tokens)."""
 
 
 def quadrature(n_steps: int, rule: str = "gausslegendre") -> tuple[list[float], list[float]]:
@@ -337,39 +327,6 @@ def group_path_integral(
     return total
 
 
-def prefix_bounds(positions: Sequence[int], n_chunks: int) -> list[int]:
-    """Ends (exclusive) of the position chunks of :func:`chunked_path_integral`: the sorted
-    distinct step positions split into ``n_chunks`` runs of near-equal size, each chunk ending
-    after its run's last position."""
-    distinct = sorted(set(int(p) for p in positions))
-    n = max(1, min(n_chunks, len(distinct)))
-    return [distinct[(i + 1) * len(distinct) // n - 1] + 1 for i in range(n)]
-
-
-def can_chunk(model: Any, path: ItemPath) -> bool:
-    """Whether :func:`chunked_path_integral` applies: a TransformerLens 3 decoder
-    (``HookedTransformer``, whose key–value cache keeps the graph) on which no hook point has a
-    hook (a user's hook would see chunks of positions instead of the whole sequence)."""
-    if is_bridge(model) or path.batch.arch.encoder or not hasattr(model, "hook_dict"):
-        return False
-    return not any(has_hooks(point) for point in model.hook_dict.values())
-
-
-def _chunk_hook(
-    start: Tensor, delta: Tensor, alphas: Tensor, where: dict[str, int], store: list[Tensor]
-) -> Any:
-    """:func:`_interpolation_hook` for a chunk of positions beginning at ``where["start"]``."""
-
-    def hook(x: Tensor, hook: Any) -> Tensor:
-        cols = slice(where["start"], where["start"] + int(x.shape[1]))
-        out = start[:, cols] + alphas[:, None, None].to(x.dtype) * delta[:, cols]
-        leaf = out.detach().requires_grad_(True)
-        store.append(leaf)
-        return leaf
-
-    return hook
-
-
 def chunked_path_integral(
     model: Any,
     path: ItemPath,
@@ -382,67 +339,34 @@ def chunked_path_integral(
 ) -> list[Float[Tensor, "steps pos d"]]:
     """:func:`group_path_integral` with every step's backward stopped at its chunk's end.
 
-    Per ``rows`` nodes the interpolated sequence runs as consecutive chunks of positions
-    ``[0, e_1), [e_1, e_2), …`` (``bounds``), each attending to the earlier chunks through the
-    model's key–value cache (one forward's work, the graph kept); the steps whose position lies
-    in chunk ``k`` are differentiated by batched vector–Jacobian products from chunk ``k``'s
-    final residual, which reach only positions ``< e_k``. A step at position ``p`` needs only
-    rows ``≤ p`` (causal attention), so this is the same integral with less backward work
-    (``Σ_k S_k e_k`` instead of ``S · L`` step-positions; on SmolLM2 with 64 + 32 tokens
-    and 4 chunks about 0.84× the time of :func:`group_path_integral`)."""
-    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
+    Per ``rows`` nodes the interpolated sequence runs as the chunks of positions ending at
+    ``bounds`` (:func:`lens_attrib.methods.prefix_chunks.chunked_forward`, each chunk's
+    embeddings put on the path), ``f_s`` of every step is read from the whole sequence's final
+    residual, and the weighted step cotangents ``w_a ∂f_s/∂resid`` are taken back from each
+    step's own chunk (:func:`~lens_attrib.methods.prefix_chunks.chunked_vjps`). A step at
+    position ``p`` needs only rows ``≤ p`` (causal attention), so this is the same integral with
+    less backward work (``Σ_k S_k e_k`` instead of ``S · L`` step-positions; on SmolLM2 with
+    64 + 32 tokens and 4 chunks about 0.84× the time of :func:`group_path_integral`)."""
     dtype, device = path.deltas[0].dtype, path.deltas[0].device
     steps = path.resolved
     n_steps = int(steps.positions.shape[0])
-    step_pos = steps.positions.to(device)
     total = [d.new_zeros(n_steps, *d.shape[1:]) for d in path.deltas]
-    n_layers = int(model.cfg.n_layers)
     for first in range(0, len(alphas), rows):
         a = torch.tensor(alphas[first : first + rows], dtype=dtype, device=device)
         w = torch.tensor(weights[first : first + rows], dtype=dtype, device=device)
-        leaves: list[list[Tensor]] = [[] for _ in names]
-        where = {"start": 0}
-        hooks = [
-            (n, _chunk_hook(s, d, a, where, st))
-            for n, s, d, st in zip(names, path.starts, path.deltas, leaves, strict=True)
-        ]
+
+        def on_path(k: int, x: Tensor, cols: slice, a: Tensor = a) -> Tensor:
+            point = path.starts[k][:, cols] + a[:, None, None].to(x.dtype) * path.deltas[k][:, cols]
+            return point.detach().requires_grad_(True)
+
         tokens = path.batch.tokens.expand(int(a.shape[0]), -1)
-        cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, int(a.shape[0]))
-        resids: list[Tensor] = []
-        with model.hooks(fwd_hooks=hooks):
-            for end in bounds:
-                chunk_tokens = tokens[:, where["start"] : end]
-                resid = model(chunk_tokens, stop_at_layer=n_layers, past_kv_cache=cache)
-                check_activations(model, resid, torch.ones_like(chunk_tokens, dtype=torch.bool))
-                resids.append(resid)
-                where["start"] = end
-        begin = 0
-        for c, (end, resid) in enumerate(zip(bounds, resids, strict=True)):
-            members = ((step_pos >= begin) & (step_pos < end)).nonzero()[:, 0]
-            if len(members):
-                idx = members.to(steps.positions.device)
-                picked = steps.index(idx)
-                local = ResolvedTarget(
-                    picked.positions - begin,
-                    picked.token_ids,
-                    picked.foil_ids,
-                    picked.regression,
-                    picked.head,
-                )
-                per_step = resid[None].expand(len(members), -1, -1, -1)
-                values = _step_values(per_step, local, head)
-                weighted = (values * w.to(values)).sum()
-                cotangents = torch.autograd.grad(weighted, per_step, retain_graph=True)[0]
-                inputs = [leaf for k in range(len(names)) for leaf in leaves[k][: c + 1]]
-                chunk = max(1, VJP_TOKENS // (int(a.shape[0]) * end))
-                grads = batched_vjp(
-                    resid, inputs, cotangents.detach(), chunk, retain=c < len(bounds) - 1
-                )
-                for k in range(len(names)):
-                    parts = grads[k * (c + 1) : (k + 1) * (c + 1)]
-                    total[k][members.to(device), :end] += torch.cat(parts, dim=2).sum(1)
-            begin = end
+        forward = chunked_forward(model, path.batch.arch, tokens, names, on_path, bounds)
+        per_step = forward.resid[None].expand(n_steps, -1, -1, -1)
+        values = _step_values(per_step, steps, head)
+        weighted = (values * w.to(values)).sum()
+        cotangents = torch.autograd.grad(weighted, per_step, retain_graph=True)[0]
+        for k, g in enumerate(chunked_vjps(forward, steps.positions, cotangents)):
+            total[k] += g.sum(1)
         advance(len(a))
     return total
 
@@ -1010,9 +934,8 @@ def shared_integrated_gradients(
         bar.set_postfix_str(f"sequence {g + 1}/{len(groups)}", refresh=False)
         path = group_path(model, batch, rows, real.resolved, names, baseline, keep_sink, head)
         per_forward = rows_per_forward(batch.arch, path.batch.length, n_steps, step_batch, device)
-        positions = path.resolved.positions.tolist()
-        if len(set(positions)) > 1 and can_chunk(model, path):
-            bounds = prefix_bounds(positions, PREFIX_CHUNKS)
+        bounds = chunk_bounds(model, batch.arch, path.resolved.positions.tolist())
+        if bounds is not None:
             total = chunked_path_integral(
                 model, path, names, head, alphas, weights, per_forward, bounds
             )
