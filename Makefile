@@ -56,5 +56,5 @@ $(TL4_STAMP): pyproject.toml Makefile
 test-tl4: $(TL4_STAMP)
 	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
 		tests/test_backends.py tests/test_bridge_architectures.py tests/test_lxt_captum_official.py \
-		tests/test_tiny_checkpoints.py \
+		tests/test_tiny_checkpoints.py tests/test_bridge_encoder_folders.py tests/test_prefix_chunks.py \
 		--deselect tests/test_lxt_captum_official.py::test_integrated_gradients_equals_captum

@@ -27,6 +27,7 @@ from lens_attrib.fastpath import enable_fast_forward
 from lens_attrib.inputs import to_batch
 from lens_attrib.models import transformer_lens_major
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+from tests.tl_versions import BRIDGE
 
 PROMPTS = ["the keys to the", "a dog", "the cabinet near the old red"]
 CONTINUATIONS = ["cabinet is on the", "is here", "door was"]
@@ -45,7 +46,8 @@ def _step_gradient_chunks(monkeypatch):
 def _model(arch: str) -> Any:
     if arch == "gpt2":
         return tiny_gpt2(dtype=torch.float64)
-    return enable_fast_forward(tiny_llama(dtype=torch.float64))
+    llama = tiny_llama(dtype=torch.float64)
+    return llama if BRIDGE else enable_fast_forward(llama)  # the bridge: load_model's fused path
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:

@@ -1,9 +1,11 @@
 """Markers for tests that need one TransformerLens major.
 
-The suite runs under TransformerLens 4 (``TransformerBridge``, the default install) and, in CI's
-second environment, under 3.9 (``HookedTransformer``). A test of 3.9-only API (building or
+The whole suite runs under TransformerLens 3.9 (``make test``) and a selection under 4
+(``make test-tl4``, the ``TransformerBridge`` backend); the flip of the default to 4 runs the
+whole suite there, with 3.9 as CI's second environment. A test of 3.9-only API (building or
 reading a ``HookedTransformer`` directly, TransformerLens 3.9 parameter names, hub names) is
-marked :func:`hooked_only` with the reason; it still runs in the 3.9 environment.
+marked :func:`hooked_only` with the reason, so that it is skipped under 4 and still runs under
+3.9.
 """
 
 from __future__ import annotations
