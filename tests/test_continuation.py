@@ -17,6 +17,7 @@ from lens_attrib import METHODS, Target, attribute
 from lens_attrib.errors import TargetError
 from lens_attrib.inputs import to_batch
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
+from tests.step_checks import check_step_row, close
 
 DECODERS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 PROMPT = "the keys to the"
@@ -33,36 +34,12 @@ def _model(arch: str):
     return DECODERS[arch](dtype=torch.float64)
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Equal to 1e-10 relative to the array's largest magnitude (float64 arithmetic)."""
-    scale = max(float(expected.abs().max()), 1e-300)
-    err = float((actual - expected).abs().max())
-    assert err <= 1e-10 * scale, f"{what}: max error {err:.3e} vs scale {scale:.3e}"
-
-
 def _prompt_ids(model, prompt: str) -> list[int]:
     return to_batch(model, prompt).tokens[0].tolist()
 
 
 def _cont_ids(model, text: str) -> list[int]:
     return model.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def _check_row(forced, row: int, single, n_real: int, what: str) -> None:
-    """Row ``row`` of ``forced`` (left padded) equals item 0 of ``single`` (``n_real`` tokens)."""
-    for name in ARRAYS:
-        a, b = getattr(forced, name), getattr(single, name)
-        assert (a is None) == (b is None), f"{what}: {name} present in only one"
-        if a is None:
-            continue
-        if name == "head_scores":
-            _close(a[row], b[0], f"{what} {name}")
-            continue
-        real = forced.mask[row]
-        a_row = a[row][..., real]
-        assert a_row.shape[-1] >= n_real
-        _close(a_row[..., :n_real], b[0][..., single.mask[0]], f"{what} {name}")
-        assert (a_row[..., n_real:] == 0).all(), f"{what}: {name} after the step is not 0"
 
 
 @pytest.mark.parametrize("method", GENERATION_METHODS)
@@ -81,7 +58,7 @@ def test_forced_continuation_equals_each_prefix(arch, method):
         single = attribute(model, prefix, Target(token=token), method=method, **opts)
         assert int(forced.target.token_ids[s]) == token
         assert int(forced.target.positions[s]) == len(prompt) - 1 + s
-        _check_row(forced, s, single, len(prompt) + s, f"{method} step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"{method} step {s}", ARRAYS)
 
 
 @pytest.mark.parametrize("method", ["grad_x_input", "alti_logit", "attnlrp"])
@@ -117,7 +94,9 @@ def test_batched_prompts_equal_one_at_a_time(arch, method):
         for s in range(steps[b]):
             n_real = int(alone.mask[s].sum())
             assert int(batched.mask[row].sum()) == n_real
-            _check_row(batched, row, alone[s : s + 1], n_real, f"{method} prompt {b} step {s}")
+            check_step_row(
+                batched, row, alone[s : s + 1], n_real, f"{method} prompt {b} step {s}", ARRAYS
+            )
             row += 1
     if method != "grad_x_input":
         return
@@ -126,7 +105,7 @@ def test_batched_prompts_equal_one_at_a_time(arch, method):
         for p, c in zip(prompts, conts, strict=True)
     ]
     for key, value in batched.meta["step_scores"].items():
-        _close(value, torch.cat([a[key] for a in alone_scores]), f"step score {key}")
+        close(value, torch.cat([a[key] for a in alone_scores]), f"step score {key}")
 
 
 @pytest.mark.parametrize("method", ["grad_x_input", "alti_logit", "attnlrp"])
@@ -142,7 +121,7 @@ def test_per_step_foils_equal_contrastive_calls(method):
             model, torch.tensor(prompt + cont[:s]), Target(token=token, foil=foil), method=method
         )
         assert int(forced.target.foil_ids[s]) == int(single.target.foil_ids[0])
-        _check_row(forced, s, single, len(prompt) + s, f"{method} foil step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"{method} foil step {s}", ARRAYS)
     # A batch: one foil list per prompt.
     both = attribute(
         model,
@@ -150,7 +129,7 @@ def test_per_step_foils_equal_contrastive_calls(method):
         Target(continuation=[cont, "is"], foil=[foils, ["are"]]),
         method=method,
     )
-    _close(both.scores[: len(cont)][:, -forced.scores.shape[1] :], forced.scores, "batched foils")
+    close(both.scores[: len(cont)][:, -forced.scores.shape[1] :], forced.scores, "batched foils")
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -214,7 +193,7 @@ def test_generate_unchanged_by_continuation_machinery():
             "logit": z[token],
         }
         for key, value in expected.items():
-            _close(scores[key][s], value, f"generate step {s} {key}")
+            close(scores[key][s], value, f"generate step {s} {key}")
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from lens_attrib import Target, attribute
 from lens_attrib.fastpath import enable_fast_forward
 from lens_attrib.inputs import to_batch
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+from tests.step_checks import check_step_row, close
 from tests.tl_versions import BRIDGE
 
 PROMPT = "the keys to the"
@@ -71,28 +72,6 @@ def _user_hook(model) -> Iterator[list[int]]:
         yield sizes
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    scale = max(float(expected.abs().max()), 1e-300)
-    err = float((actual - expected).abs().max())
-    assert err <= 1e-10 * scale, f"{what}: max error {err:.3e} vs scale {scale:.3e}"
-
-
-def _check_row(forced, row: int, single, n_real: int, what: str) -> None:
-    """Row ``row`` of ``forced`` equals item 0 of ``single`` on its ``n_real`` real tokens and is
-    0 after them."""
-    for name in ARRAYS:
-        a, b = getattr(forced, name), getattr(single, name)
-        assert (a is None) == (b is None), f"{what}: {name} present in only one"
-        if a is None:
-            continue
-        if name == "head_scores":
-            _close(a[row], b[0], f"{what} {name}")
-            continue
-        a_row = a[row][..., forced.mask[row]]
-        _close(a_row[..., :n_real], b[0][..., single.mask[0]], f"{what} {name}")
-        assert (a_row[..., n_real:] == 0).all(), f"{what}: {name} after the step is not 0"
-
-
 def _options(method: str) -> dict:
     """Options of a ``SHARED`` entry (``"grad_ellm:softmax"``: Grad-ELLM with that similarity,
     every layer aggregated so that the earliest layers' gradients are checked too)."""
@@ -118,7 +97,7 @@ def test_one_forward_for_all_steps_equals_each_prefix(arch, method):
             single = attribute(
                 model, torch.tensor(prompt + cont[:s]), Target(token=token), **_options(method)
             )
-        _check_row(forced, s, single, len(prompt) + s, f"{arch} {method} step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"{arch} {method} step {s}", ARRAYS)
     assert not model.hook_dict["blocks.0.hook_mlp_out"].fwd_hooks, "a hook outlived the call"
 
 
@@ -139,7 +118,7 @@ def test_prompts_with_different_continuation_lengths_equal_one_at_a_time(method)
             alone = attribute(model, prompt, Target(continuation=cont), **_options(method))
         for s in range(alone.scores.shape[0]):
             n_real = int(alone.mask[s].sum())
-            _check_row(batched, row, alone[s : s + 1], n_real, f"{method} row {row}")
+            check_step_row(batched, row, alone[s : s + 1], n_real, f"{method} row {row}", ARRAYS)
             row += 1
     assert row == batched.scores.shape[0]
 
@@ -167,7 +146,7 @@ def test_per_step_foils_on_the_shared_path(method):
                 **_options(method),
             )
         assert int(forced.target.foil_ids[s]) == int(single.target.foil_ids[0])
-        _check_row(forced, s, single, len(prompt) + s, f"{method} foil step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"{method} foil step {s}", ARRAYS)
 
 
 def test_alti_with_l1_eps_keeps_one_forward_per_step():
@@ -190,7 +169,7 @@ def test_alti_with_l1_eps_keeps_one_forward_per_step():
                 method="alti_logit",
                 l1_eps=1e-6,
             )
-        _check_row(forced, s, single, len(prompt) + s, f"l1_eps step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"l1_eps step {s}", ARRAYS)
 
 
 def _toy_graph() -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -212,7 +191,7 @@ def test_batched_vjp_equals_one_backward_per_value(chunk):
     ]
     got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=chunk)
     for i, e in enumerate(expected):
-        _close(got[0][i], e, f"value {i}")
+        close(got[0][i], e, f"value {i}")
     assert got[0].shape == (4, 1, 6, 4)
     assert torch.equal(got[1], torch.zeros(4, 1, 6, 2, dtype=torch.float64))
 
@@ -232,7 +211,7 @@ def test_batched_vjp_falls_back_one_by_one(monkeypatch):
     values, inputs = _toy_graph()
     got = backprop.batched_vjp(values, inputs, torch.eye(4, dtype=values.dtype), chunk=3)
     for a, b in zip(got, expected, strict=True):
-        _close(a, b, "fallback")
+        close(a, b, "fallback")
 
 
 IG_META = ("explained_value", "baseline_value", "completeness_gap", "prepended_sink")
@@ -244,7 +223,7 @@ def _check_ig_meta(forced, row: int, single, what: str) -> None:
         if isinstance(a, bool):
             assert a == b, f"{what}: {key} {a} vs {b}"
         else:
-            _close(torch.as_tensor(a), torch.as_tensor(b), f"{what} {key}")
+            close(torch.as_tensor(a), torch.as_tensor(b), f"{what} {key}")
 
 
 IG_CASES = [
@@ -278,7 +257,7 @@ def test_integrated_gradients_fixed_steps_share_the_path(arch, options):
     for s, token in enumerate(cont):
         with _user_hook(model):
             single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **ig)
-        _check_row(forced, s, single, len(prompt) + s, f"{arch} ig step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"{arch} ig step {s}", ARRAYS)
         _check_ig_meta(forced, s, single, f"{arch} ig step {s}")
     assert not model.hook_dict["blocks.0.hook_mlp_out"].fwd_hooks, "a hook outlived the call"
 
@@ -308,7 +287,7 @@ def test_integrated_gradients_shared_per_step_foils_and_prompt_batch():
                 )
             assert int(batched.target.foil_ids[row]) == foil
             n_real = int(batched.mask[row].sum()) - (len(c_ids) - 1 - s)
-            _check_row(batched, row, single, n_real, f"ig foil row {row}")
+            check_step_row(batched, row, single, n_real, f"ig foil row {row}", ARRAYS)
             _check_ig_meta(batched, row, single, f"ig foil row {row}")
             row += 1
     assert row == batched.scores.shape[0]
@@ -353,7 +332,7 @@ def test_integrated_gradients_prefix_chunks_equal_each_prefix(arch, options, mon
     assert len(used) == 1 and len(used[0]) == 3 and used[0][-1] == length, used
     for s, token in enumerate(cont):
         single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **ig)
-        _check_row(forced, s, single, len(prompt) + s, f"{arch} chunked ig step {s}")
+        check_step_row(forced, s, single, len(prompt) + s, f"{arch} chunked ig step {s}", ARRAYS)
         _check_ig_meta(forced, s, single, f"{arch} chunked ig step {s}")
     assert len(used) == 1, "a single prefix has one step: nothing to chunk"
 

@@ -27,6 +27,7 @@ from lens_attrib.fastpath import enable_fast_forward
 from lens_attrib.inputs import to_batch
 from lens_attrib.models import transformer_lens_major
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+from tests.step_checks import check_step_row, close
 from tests.tl_versions import BRIDGE
 
 PROMPTS = ["the keys to the", "a dog", "the cabinet near the old red"]
@@ -50,12 +51,6 @@ def _model(arch: str) -> Any:
     return llama if BRIDGE else enable_fast_forward(llama)  # the bridge: load_model's fused path
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    scale = max(float(expected.abs().max()), 1e-300)
-    err = float((actual - expected).abs().max())
-    assert err <= 1e-10 * scale, f"{what}: max error {err:.3e} vs scale {scale:.3e}"
-
-
 def _ids(model: Any, text: str) -> list[int]:
     return list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -71,22 +66,6 @@ def _case(model: Any) -> tuple[list[list[int]], list[list[int]], list[list[int]]
     assert len({len(p) for p in prompts}) == len(prompts), "prompts of different lengths"
     assert min(len(c) for c in conts) >= 2
     return prompts, conts, foils
-
-
-def _check_rows(batched: Any, row: int, single: Any, n_real: int, what: str) -> None:
-    """Row ``row`` of ``batched`` equals item 0 of ``single`` on its ``n_real`` real tokens and is
-    0 after them."""
-    for name in ARRAYS:
-        a, b = getattr(batched, name), getattr(single, name)
-        assert (a is None) == (b is None), f"{what}: {name} present in only one"
-        if a is None:
-            continue
-        if name == "head_scores":
-            _close(a[row], b[0], f"{what} {name}")
-            continue
-        a_row = a[row][..., batched.mask[row]]
-        _close(a_row[..., :n_real], b[0][..., single.mask[0]], f"{what} {name}")
-        assert (a_row[..., n_real:] == 0).all(), f"{what}: {name} after the step is not 0"
 
 
 def _spy(monkeypatch: Any, module: Any, name: str, calls: list[int] | None = None) -> list[int]:
@@ -127,9 +106,9 @@ def test_chunked_steps_equal_each_prefix_alone(arch, options, monkeypatch):
             )
             assert int(batched.target.foil_ids[row]) == foil
             what = f"{arch} {options['method']} row {row}"
-            _check_rows(batched, row, single, len(prompt) + s, what)
+            check_step_row(batched, row, single, len(prompt) + s, what, ARRAYS)
             if "explained_value" in single.meta:
-                _close(
+                close(
                     torch.as_tensor(batched.meta["explained_value"][row]),
                     torch.as_tensor(single.meta["explained_value"][0]),
                     f"{what} explained_value",
@@ -158,10 +137,10 @@ def test_chunked_equals_the_one_forward_path(arch, options, monkeypatch):
         a, b = getattr(chunked, name), getattr(one_forward, name)
         assert (a is None) == (b is None)
         if a is not None:
-            _close(a, b, f"{arch} {options['method']} {name}")
+            close(a, b, f"{arch} {options['method']} {name}")
     for key in ("explained_value", "baseline_value", "completeness_gap"):
         if key in one_forward.meta:
-            _close(
+            close(
                 torch.as_tensor(chunked.meta[key]),
                 torch.as_tensor(one_forward.meta[key]),
                 f"{arch} {options['method']} {key}",
@@ -223,7 +202,7 @@ def test_chunks_back_propagate_fewer_step_positions(options, monkeypatch):
         chunked_count == expected == rows * prefix_chunks.backward_step_positions(positions, bounds)
     )
     assert chunked_count < one_forward_count
-    _close(chunked.scores, one_forward.scores, f"{options['method']} scores")
+    close(chunked.scores, one_forward.scores, f"{options['method']} scores")
 
 
 USER_HOOK_METHODS = [
@@ -271,7 +250,7 @@ def test_a_user_hook_sees_whole_sequences_and_its_edit_is_honoured(arch, options
             )
         assert set(lengths) == {len(prompt) + s}
         what = f"{arch} {options['method']} step {s}"
-        _check_rows(hooked, s, single, len(prompt) + s, what)
+        check_step_row(hooked, s, single, len(prompt) + s, what, ARRAYS)
     change = float((hooked.scores - plain.scores).abs().max())
     assert change > 1e-3 * float(plain.scores.abs().max()), "the edit changed nothing"
     assert not model.hook_dict["blocks.0.hook_resid_post"].fwd_hooks, "a hook outlived the call"
@@ -305,7 +284,7 @@ def test_a_cache_that_disagrees_with_the_full_forward_keeps_the_one_forward_path
     chunk_forwards = _spy(monkeypatch, prefix_chunks, "chunked_forward")
     got = attribute(model, PROMPTS, target, method="gradient")
     assert not chunk_forwards
-    _close(got.scores, expected.scores, "one-forward path")
+    close(got.scores, expected.scores, "one-forward path")
 
 
 # ----------------------------------------------------------------- TransformerLens 4's bridge
@@ -354,14 +333,16 @@ def test_bridge_chunks_equal_each_prefix_alone(arch, options, monkeypatch):
             single = attribute(
                 model, torch.tensor(prompt + cont[:s]), Target(token=token, foil=foil), **options
             )
-            _check_rows(batched, row, single, len(prompt) + s, f"bridge {arch} row {row}")
+            check_step_row(
+                batched, row, single, len(prompt) + s, f"bridge {arch} row {row}", ARRAYS
+            )
             row += 1
     monkeypatch.setattr(prefix_chunks, "PREFIX_CHUNKS", 1)
     one_forward = attribute(model, PROMPTS[:2], target, **options)
     for name in ARRAYS:
         a, b = getattr(batched, name), getattr(one_forward, name)
         if b is not None:
-            _close(a, b, f"bridge {arch} {name} vs one forward")
+            close(a, b, f"bridge {arch} {name} vs one forward")
 
 
 @needs_bridge
@@ -414,7 +395,7 @@ def test_pad_token_ids_in_the_sequence_are_real_tokens(arch, options, monkeypatc
     assert chunk_forwards, "the chunks did not run"
     for s, token in enumerate(cont):
         single = attribute(model, torch.tensor(prompt + cont[:s]), Target(token=token), **options)
-        _check_rows(chunked, s, single, len(prompt) + s, f"{arch} pad step {s}")
+        check_step_row(chunked, s, single, len(prompt) + s, f"{arch} pad step {s}", ARRAYS)
     monkeypatch.setattr(prefix_chunks, "PREFIX_CHUNKS", 1)
     one_forward = attribute(model, torch.tensor(prompt), Target(continuation=cont), **options)
-    _close(chunked.scores, one_forward.scores, f"{arch} pad vs one forward")
+    close(chunked.scores, one_forward.scores, f"{arch} pad vs one forward")
