@@ -283,15 +283,14 @@ def case_arrays(
     }
 
 
-def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
-    """Evaluation on the model's AttnLRP attribution (hard and soft perturbation, dynamic and
-    fixed routing), a generation target and ReAGent: keys ``eval/arch/what/field``."""
+def perturbation_arrays(model: Any, attr: Any, key: str) -> dict[str, np.ndarray]:
+    """AOPC, insertion/deletion and Soft-NC/NS (dynamic and fixed routing) of ``attr`` on
+    ``model``: keys ``eval/<key>/what/field``."""
     import warnings
 
     from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
     from lens_attrib.evaluation.soft import soft_metrics
 
-    attr = attribute(model, prompts(arch), target(arch), method="attnlrp")
     results: dict[str, Any] = {
         "aopc": aopc(model, attr),
         "insertion_deletion": insertion_deletion(model, attr, steps=4),
@@ -306,11 +305,18 @@ def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
         "soft_dynamic": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
         "soft_fixed": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
     }
-    out = {
-        f"eval/{arch}/{what}/{field}": getattr(results[what], field).numpy()
+    return {
+        f"eval/{key}/{what}/{field}": getattr(results[what], field).numpy()
         for what, names in fields.items()
         for field in names
     }
+
+
+def evaluation_arrays(model: Any, arch: str) -> dict[str, np.ndarray]:
+    """Evaluation on the model's AttnLRP attribution (hard and soft perturbation, dynamic and
+    fixed routing), a generation target and ReAGent: keys ``eval/arch/what/field``."""
+    attr = attribute(model, prompts(arch), target(arch), method="attnlrp")
+    out = perturbation_arrays(model, attr, arch)
     if arch in ENCODERS:
         return out
     generated = attribute(model, ["the keys"], Target(generate=2), method="grad_x_input")

@@ -169,32 +169,10 @@ def case_arrays(
 def evaluation_arrays(model: Any, folder: str) -> dict[str, np.ndarray]:
     """AOPC, insertion/deletion and Soft-NC/NS (dynamic and fixed routing) of the folder's
     AttnLRP attribution, through its target's head: keys ``eval/folder/what/field``."""
-    import warnings
-
     from lens_attrib import attribute
-    from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
-    from lens_attrib.evaluation.soft import soft_metrics
 
     attr = attribute(model, inputs(folder), target(folder), method="attnlrp")
-    results: dict[str, Any] = {
-        "aopc": aopc(model, attr),
-        "insertion_deletion": insertion_deletion(model, attr, steps=4),
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # π unreachable on random weights
-        for routing in ("dynamic", "fixed"):
-            results[f"soft_{routing}"] = soft_metrics(model, attr, n_draws=4, routing=routing)
-    fields = {
-        "aopc": ("comprehensiveness", "sufficiency"),
-        "insertion_deletion": ("deletion", "insertion"),
-        "soft_dynamic": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
-        "soft_fixed": ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns"),
-    }
-    return {
-        f"eval/{folder}/{what}/{field}": getattr(results[what], field).numpy()
-        for what, names in fields.items()
-        for field in names
-    }
+    return ref.perturbation_arrays(model, attr, folder)
 
 
 def compute(models: dict[str, Any]) -> dict[str, np.ndarray]:
