@@ -117,6 +117,7 @@ from lens_attrib.inputs import (
     start_token_of,
     start_token_setting,
 )
+from lens_attrib.method_variants import base_method, split_variant, variant_label
 from lens_attrib.progress import progress_bar
 from lens_attrib.scoring import correctness, single_token_items
 
@@ -153,7 +154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--blimp-root", default=None, help="folder of BLiMP <UID>.jsonl files")
     parser.add_argument("--ci", action="store_true", help="show bootstrap 95%% CIs in the table")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per cell")
-    add_methods_argument(parser, DEFAULT_METHODS)
+    add_methods_argument(parser, DEFAULT_METHODS, variants=True)
     parser.add_argument(
         "--n-qa",
         type=int,
@@ -446,11 +447,13 @@ def unit_records(
     plausibility metrics read only the scores), made in the batch's first mode and reused in
     the others."""
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
-    options = method_options(method, seed) if options is None else options
+    if options is None:
+        name, variant = split_variant(method)
+        options = method_options(name, seed, variant)
     attr = explained.get(method) if explained is not None else None
     if attr is None:
-        attr = attribute(model, list(prompts), target, method=method, **options)
-        if explained is not None and METHODS[method].target_free:
+        attr = attribute(model, list(prompts), target, method=base_method(method), **options)
+        if explained is not None and METHODS[base_method(method)].target_free:
             explained[method] = attr
     if kept is not None:
         kept[method] = attr[0]
@@ -549,7 +552,9 @@ def score_task(
         )
         for method in methods:
             if method not in kept:
-                one = attribute(model, data.prompts[:1], first, method=method, **opts[method])
+                one = attribute(
+                    model, data.prompts[:1], first, method=base_method(method), **opts[method]
+                )
                 kept[method] = one[0]
         examples += [kept[m] for m in methods]
     return records
@@ -596,8 +601,9 @@ def task_table(
     ]
     rows = []
     for m in methods:
-        target_free = m in METHODS and METHODS[m].target_free
-        label = METHODS[m].label if m in METHODS else m
+        name, variant = split_variant(m)
+        target_free = name in METHODS and METHODS[name].target_free
+        label = variant_label(METHODS[name].label, variant) if name in METHODS else m
         cells = [f"{label} (target-free)" if target_free else label]
         for i, mode in enumerate(modes):
             if target_free and i > 0:  # its scores ignore the target: shown once
@@ -611,7 +617,7 @@ def task_table(
     footnote = (
         "\n(target-free) methods ignore the target and foil (MethodSpec.target_free): their "
         "scores are the same for every mode, shown once."
-        if any(m in METHODS and METHODS[m].target_free for m in methods)
+        if any(base_method(m) in METHODS and METHODS[base_method(m)].target_free for m in methods)
         else ""
     )
     return format_table(rows, header, fmt=str) + footnote

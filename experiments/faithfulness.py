@@ -115,6 +115,7 @@ from lens_attrib.evaluation.records import summarize as summarize_records
 from lens_attrib.evaluation.stats import bootstrap_ci
 from lens_attrib.forward import head_outputs
 from lens_attrib.inputs import start_token_of, to_batch
+from lens_attrib.method_variants import base_method, split_variant
 from lens_attrib.progress import progress_bar
 from lens_attrib.scoring import correctness
 
@@ -194,7 +195,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         "--steps), soft (Soft-NC/NS and π-Soft-NC/NS, dynamic and fixed routing: the π-Soft "
         "paper's tables); e.g. an AOPC-table run takes aopc alone, a π-Soft-table run soft,curves",
     )
-    add_methods_argument(parser, DEFAULT_METHODS)
+    add_methods_argument(parser, DEFAULT_METHODS, variants=True)
     parser.add_argument(
         "--max-tokens",
         type=int,
@@ -372,8 +373,9 @@ def unit_records(
     """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
     record per item × metric, and for IG its completeness gaps); ``examples`` receives the
     first item's Attribution; ``options``: the method's (default :func:`method_options`)."""
-    options = method_options(method, proto.seed) if options is None else options
-    attr = attribute(model, inputs, target, method=method, **options)
+    name, variant = split_variant(method)
+    options = method_options(name, proto.seed, variant) if options is None else options
+    attr = attribute(model, inputs, target, method=base_method(method), **options)
     if examples is not None:
         examples.append(attr[0])
     scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options)
@@ -405,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "sst2,imdb,boolq" if args.mode == "zero-shot" else "sst2,stsb" if encoder else "sst2"
         )
     methods, datasets = parse_list(args.methods), parse_list(args.datasets)
-    skipped = [m for m in methods if not (METHODS[m].encoder if encoder else METHODS[m].decoder)]
+    spec = {m: METHODS[base_method(m)] for m in methods}
+    skipped = [m for m in methods if not (spec[m].encoder if encoder else spec[m].decoder)]
     methods = [m for m in methods if m not in skipped]
     if skipped:
         print(f"skipped (do not apply to this architecture): {', '.join(skipped)}", flush=True)
@@ -714,7 +717,7 @@ def run_classifiers(
         clf_id = fingerprint([clf.info.name, clf.info.metadata])
         items_id = fingerprint([inputs, gold])
         proto = protocol(args, pis, zero_shot=False, regression=regression)
-        skipped = [m for m in methods if regression and m in NO_REGRESSION]
+        skipped = [m for m in methods if regression and base_method(m) in NO_REGRESSION]
         if skipped:
             print(f"{dataset}: skipped (no regression heads): {', '.join(skipped)}", flush=True)
         ds_methods = [m for m in methods if m not in skipped]

@@ -34,6 +34,7 @@ import torch
 from lens_attrib.attribution import Attribution
 from lens_attrib.backend import arch_of
 from lens_attrib.evaluation.items import method_options
+from lens_attrib.method_variants import base_method, split_variant
 
 GAP_METRIC = "completeness_gap"
 """The record metric of IG's relative completeness gap."""
@@ -76,6 +77,7 @@ def experiment_options(
 ) -> dict[str, Any]:
     """The options ``method`` is called with in a table (module docstring); ``depth``:
     Grad-ELLM's chosen ``n_layers`` (``None``: the library default)."""
+    method, variant = split_variant(method)
     options = method_options(method, seed)
     if method == "value_zeroing":
         options["aggregation"] = vz_aggregation(model, getattr(args, "vz_aggregation", "auto"))
@@ -85,15 +87,19 @@ def experiment_options(
         options["max_steps"] = int(args.ig_max_steps)
     if method == "grad_ellm" and depth is not None:
         options["n_layers"] = int(depth)
+    options.update(variant)  # a variant's own options (name[option=value]) win
     return options
 
 
 def unit_suffix(method: str, options: Mapping[str, Any]) -> str:
     """The journal-key suffix of ``method``'s table options (``""`` for methods with none):
-    e.g. ``"[aggregation=mean]"``, ``"[max_steps=256]"``, ``"[n_layers=8]"``."""
+    e.g. ``"[aggregation=mean]"``, ``"[max_steps=256]"``, ``"[n_layers=8]"``. A variant label
+    (``name[option=value]``, :mod:`lens_attrib.method_variants`) already names its own options,
+    which the suffix then leaves out."""
+    method, variant = split_variant(method)
     keys = {"value_zeroing": ("aggregation",), "integrated_gradients": ("max_steps",),
             "grad_ellm": ("n_layers",)}.get(method, ())  # fmt: skip
-    parts = [f"{k}={options[k]}" for k in keys if k in options]
+    parts = [f"{k}={options[k]}" for k in keys if k in options and k not in variant]
     return f"[{','.join(parts)}]" if parts else ""
 
 
@@ -115,7 +121,7 @@ def relative_gaps(attr: Attribution) -> list[float]:
 def gap_records(attr: Attribution, method: str, base: Mapping[str, Any], first_item: int):
     """One ``completeness_gap`` record per item of an IG unit (``base``: the unit's other
     identity fields, e.g. task and mode); none for other methods."""
-    if method != "integrated_gradients" or "completeness_gap" not in attr.meta:
+    if base_method(method) != "integrated_gradients" or "completeness_gap" not in attr.meta:
         return []
     return [
         {**base, "item": first_item + i, "method": method, "metric": GAP_METRIC, "value": gap}
@@ -150,7 +156,8 @@ def gap_line(values: Sequence[float], where: str, max_steps: int | None) -> str:
     if not s["n"]:
         return f"IG completeness gap {where}: no items ({cap})"
     return (
-        f"IG completeness gap |f(x)−f(b)−ΣR|/|f(x)−f(b)| {where}: median {s['median']:.2%}, "
+        f"IG completeness gap |f(x)−f(b)−ΣR|/|f(x)−f(b)|{' ' + where if where else ''}: "
+        f"median {s['median']:.2%}, "
         f"90th pct {s['p90']:.2%}, max {s['max']:.2%}; {s['above_1pct']}/{s['n']} items "
         f"({s['share_above_1pct']:.0%}) above 1 % ({cap})"
     )
@@ -163,7 +170,8 @@ def gap_lines(
     max_steps: int | None,
 ) -> list[str]:
     """:func:`gap_line` for the IG gap records matching ``group``, one line per value of ``by``
-    (e.g. ``mode``) or one line in all; empty when the run has no IG records."""
+    (e.g. ``mode``) or one line in all, and per IG variant label when the run has several (e.g.
+    ``integrated_gradients[pooling=l1]``); empty when the run has no IG records."""
     picked = [
         r
         for r in records
@@ -171,11 +179,21 @@ def gap_lines(
     ]
     if not picked:
         return []
+    labels = sorted({str(r.get("method")) for r in picked})
     keys = sorted({r.get(by) for r in picked}, key=str) if by else [None]
     lines = []
-    for key in keys:
-        vals = [r["value"] for r in picked if by is None or r.get(by) == key]
-        lines.append(gap_line(vals, f"({by} {key})" if by else "", max_steps).replace("  ", " "))
+    for label in labels:
+        for key in keys:
+            vals = [
+                r["value"]
+                for r in picked
+                if str(r.get("method")) == label and (by is None or r.get(by) == key)
+            ]
+            where = [f"{by} {key}"] if by else []
+            if len(labels) > 1:
+                where.insert(0, label)
+            text = f"({', '.join(where)})" if where else ""
+            lines.append(gap_line(vals, text, max_steps))
     return lines
 
 

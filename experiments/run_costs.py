@@ -68,10 +68,18 @@ def expected_cpu_s(rows: Sequence[dict[str, Any]], n: int) -> float:
 
 def main(argv: Sequence[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m experiments.run_costs", description=__doc__)
-    parser.add_argument("journal", help="a run's journal (records.jsonl.gz or .jsonl)")
+    parser.add_argument(
+        "journal", help="a run's journal (records.jsonl.gz or .jsonl), or the run's folder"
+    )
     parser.add_argument("--n", type=int, default=None, help="items per task / dataset at full size")
     args = parser.parse_args(argv)
-    rows = cost_table(args.journal)
+    journal = Path(args.journal)
+    if journal.is_dir():
+        found = [journal / n for n in ("records.jsonl.gz", "records.jsonl") if (journal / n).exists()]
+        if not found:
+            parser.error(f"{journal} holds no records.jsonl.gz or records.jsonl")
+        journal = found[0]
+    rows = cost_table(journal)
     cells = [
         [r["where"], r["method"], r["units"], round(r["items"], 1), round(r["cpu_s"], 1),
          round(r["cpu_s_per_item"], 2)]

@@ -29,6 +29,37 @@ def method_list(text: str) -> list[str]:
     return names
 
 
+def variant_list(text: str) -> list[str]:
+    """``"a,b[opt=v,…]"`` -> canonical variant labels (:mod:`lens_attrib.method_variants`), each
+    a registered method whose options take the given values (argparse type)."""
+    from lens_attrib.method_variants import split_method_list, split_variant, variant_label
+    from lens_attrib.methods import METHODS
+    from lens_attrib.methods.registry import OptionError
+
+    try:
+        parts = split_method_list(text)
+        variants = [split_variant(p) for p in parts]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    known = _registered()
+    unknown = [name for name, _ in variants if name not in known]
+    if not variants or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown method(s) {unknown or [text]}; choose from {known} (comma-separated; "
+            "options as name[option=value,...])"
+        )
+    for name, options in variants:
+        try:
+            METHODS[name].resolve_options(options)
+        except OptionError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    labels = [variant_label(name, options) for name, options in variants]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"method(s) given twice: {repeated}")
+    return labels
+
+
 def choice_list(choices: list[str], what: str) -> Callable[[str], list[str]]:
     """An argparse type for comma-separated values out of ``choices``."""
 
@@ -81,14 +112,21 @@ def batch_or_auto(text: str) -> int | str:
         ) from None
 
 
-def add_methods_argument(parser: argparse.ArgumentParser, default: str) -> None:
-    """``--methods a,b,…`` validated against ``METHODS`` (the help lists the choices)."""
+def add_methods_argument(
+    parser: argparse.ArgumentParser, default: str, *, variants: bool = False
+) -> None:
+    """``--methods a,b,…`` validated against ``METHODS`` (the help lists the choices);
+    ``variants=True``: also ``name[option=value,…]`` (:func:`variant_list`)."""
+    kind = variant_list if variants else method_list
+    extra = ""
+    if variants:
+        extra = " (options as name[option=value,...], e.g. grad_x_input[pooling=l1])"
     parser.add_argument(
         "--methods",
-        type=method_list,
-        default=method_list(default),
+        type=kind,
+        default=kind(default),
         metavar="M1,M2,…",
-        help=f"comma-separated attribution methods, from: {', '.join(_registered())} "
+        help=f"comma-separated attribution methods, from: {', '.join(_registered())}{extra} "
         f"(default: {default})",
     )
 
@@ -141,4 +179,5 @@ __all__ = [
     "positive_int",
     "shard",
     "start_token_choice",
+    "variant_list",
 ]

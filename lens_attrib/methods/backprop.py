@@ -205,13 +205,47 @@ def _broadcast(x: Tensor, like: Tensor) -> Tensor:
     return x.expand_as(like) if x.shape != like.shape else x
 
 
+TOKEN_POOLINGS = ("sum", "l1", "l2")
+"""How a token's relevance vector over ``d_model`` becomes one score (:func:`pool_tokens`)."""
+
+TOKEN_POOLING_OPTION = Option(
+    "sum",
+    choices=TOKEN_POOLINGS,
+    help="'sum' (signed Σ_d; conserves), 'l1'/'l2': the norm over d_model (unsigned)",
+)
+
+
+def pool_tokens(vectors: Float[Tensor, "batch pos d"], pooling: str) -> Float[Tensor, "batch pos"]:
+    """``Σ_d v_d`` (``"sum"``), ``Σ_d |v_d|`` (``"l1"``) or ``‖v‖₂`` (``"l2"``) per token."""
+    if pooling == "sum":
+        return vectors.sum(-1)
+    if pooling == "l1":
+        return vectors.abs().sum(-1)
+    if pooling == "l2":
+        return vectors.norm(dim=-1)
+    raise ValueError(f"pooling must be one of {TOKEN_POOLINGS}, got {pooling!r}")
+
+
 def grad_x_input_scores(
-    xs: Sequence[Float[Tensor, "batch pos d"]], grads: Sequence[Float[Tensor, "batch pos d"]]
+    xs: Sequence[Float[Tensor, "batch pos d"]],
+    grads: Sequence[Float[Tensor, "batch pos d"]],
+    pooling: str = "sum",
 ) -> Float[Tensor, "batch pos"]:
-    """``Σ_k Σ_d x^k ⊙ g^k`` over embedding components ``k``: ``[batch, pos]``."""
-    scores = sum(((_broadcast(x, g) * g).sum(-1) for x, g in zip(xs, grads)), start=torch.zeros(()))
-    assert isinstance(scores, Tensor)
-    return scores
+    """``Σ_k Σ_d x^k ⊙ g^k`` over embedding components ``k``: ``[batch, pos]``.
+
+    ``pooling="l1"``/``"l2"``: the norm over ``d`` of the relevance vector ``Σ_k x^k ⊙ g^k``
+    instead of its sum (:func:`pool_tokens`) — e.g. the ℓ1 aggregation with which the NormXLogit
+    paper (its Section 4, "Input Attribution Methods") scores Gradient×Input and IG.
+    """
+    if pooling == "sum":
+        scores = sum(
+            ((_broadcast(x, g) * g).sum(-1) for x, g in zip(xs, grads)), start=torch.zeros(())
+        )
+        assert isinstance(scores, Tensor)
+        return scores
+    vectors = sum((_broadcast(x, g) * g for x, g in zip(xs, grads)), start=torch.zeros(()))
+    assert isinstance(vectors, Tensor)
+    return pool_tokens(vectors, pooling)
 
 
 POOLINGS = ("grad_x_input", "l1", "l2")
@@ -261,9 +295,12 @@ __all__ = [
     "EMBEDDING_OPTION",
     "HEADS_OPTION",
     "POOLINGS",
+    "TOKEN_POOLINGS",
+    "TOKEN_POOLING_OPTION",
     "batched_vjp",
     "grad_x_input_scores",
     "gradients_at",
     "head_relevances",
+    "pool_tokens",
     "step_gradients_at",
 ]

@@ -31,6 +31,7 @@ from lens_attrib.inputs import Batch
 from lens_attrib.methods.backprop import (
     EMBEDDING_OPTION,
     HEADS_OPTION,
+    TOKEN_POOLING_OPTION,
     grad_x_input_scores,
     head_relevances,
 )
@@ -81,11 +82,18 @@ def gradient(
             choices=(None, *EMBEDDINGS),
             help="default: 'full' on decoders, 'partial' (token embedding) on encoders",
         ),
+        "pooling": TOKEN_POOLING_OPTION,
         "heads": HEADS_OPTION,
     },
 )
 def grad_x_input(
-    model: Any, batch: Batch, target: Target, *, embeddings: str | None, heads: bool
+    model: Any,
+    batch: Batch,
+    target: Target,
+    *,
+    embeddings: str | None,
+    pooling: str,
+    heads: bool,
 ) -> MethodOutput:
     """Gradient×Input: ``R_i = Σ_k Σ_d e^k_{i,d} ∂f/∂e^k_{i,d}`` (signed; Shrikumar et al. 2016).
 
@@ -94,6 +102,14 @@ def grad_x_input(
     Captum/Inseq call ``inputs_embeds``): their full embedding ``x = e_tok + e_pos + e_type``
     enters a LayerNorm, which is scale-invariant per token, so ``x · ∂f/∂x = 0`` for every token
     (Euler's theorem; MiniLM gives |R| ~ 1e-8 for f ~ 1) and ``"full"`` would rank noise.
+    The same identity makes the token-only score there the negative of the positional and
+    token-type parts' (``e_tok · ∂f/∂x = −(e_pos + e_type) · ∂f/∂x``).
+
+    ``pooling``: ``"sum"`` (default) is the signed ``Σ_d`` above, whose total is the
+    first-order change of ``f``; ``"l1"``/``"l2"`` score the norm of the relevance vector
+    ``Σ_k e^k_i ⊙ ∂f/∂e^k_i`` over ``d`` instead (unsigned). The NormXLogit paper (Section 4,
+    "Input Attribution Methods") aggregates Gradient×Input, IG and the gradient with the ℓ1
+    norm in its faithfulness tables.
 
     ``heads=True``: per-head ``z ⊙ ∂f/∂z`` at ``attn.hook_z`` (see
     :func:`~lens_attrib.methods.backprop.head_relevances`).
@@ -110,7 +126,7 @@ def grad_x_input(
     names = emb + (head_output_hooks(batch.arch) if heads else [])
     xs, grads, result = prefix_gradients_at(model, batch, target, names)
     n = len(emb)
-    scores = grad_x_input_scores(xs[:n], grads[:n])
+    scores = grad_x_input_scores(xs[:n], grads[:n], pooling)
     fields = head_relevances(xs[n:], grads[n:], batch.mask) if heads else {}
     assert result.value is not None
     return MethodOutput(

@@ -42,7 +42,12 @@ from lens_attrib.forward import (
 )
 from lens_attrib.inputs import Batch
 from lens_attrib.length_buckets import plan_forwards
-from lens_attrib.methods.backprop import VJP_TOKENS, batched_vjp, grad_x_input_scores
+from lens_attrib.methods.backprop import (
+    TOKEN_POOLING_OPTION,
+    VJP_TOKENS,
+    batched_vjp,
+    grad_x_input_scores,
+)
 from lens_attrib.methods.baselines import (
     SINK_MODES,
     baseline_check,
@@ -415,6 +420,28 @@ def path_integral(
     return total
 
 
+def final_rule_vectors(
+    model: Any,
+    path: ItemPath,
+    names: Sequence[str],
+    head: Any,
+    edges: Sequence[float],
+    rule: str,
+    rows: int,
+) -> list[Float[Tensor, "1 pos d"]]:
+    """``Σ_s w_s ∂f/∂e^k`` per component at the nodes of the panels ending at ``edges`` (the
+    final rule of an adaptive result, ``PANEL_POINTS`` ``rule`` nodes per panel): the
+    per-dimension integrand whose ``Σ_d (x − b)^k_d ·`` is the result's signed scores."""
+    a0, w0 = quadrature(PANEL_POINTS, rule)
+    ends = torch.tensor(list(edges), dtype=torch.float64)
+    lo, width = ends[:-1], ends[1:] - ends[:-1]
+    nodes = lo[:, None] + width[:, None] * torch.tensor(a0, dtype=torch.float64)[None]
+    weights = width[:, None] * torch.tensor(w0, dtype=torch.float64)[None]
+    return path_integral(
+        model, path, names, head, nodes.reshape(-1).tolist(), weights.reshape(-1).tolist(), rows
+    )
+
+
 def path_node_scores(
     model: Any, path: ItemPath, names: Sequence[str], head: Any, alphas: Tensor, rows: int
 ) -> Float[Tensor, "n pos"]:
@@ -697,6 +724,7 @@ def _tolerance_check(value: Any) -> str | None:
         "keep_sink": Option("special", choices=SINK_MODES),
         "tolerance": Option(0.01, check=_tolerance_check),
         "max_steps": Option(1024, check=positive_int),
+        "pooling": TOKEN_POOLING_OPTION,
     },
 )
 def integrated_gradients(
@@ -712,6 +740,7 @@ def integrated_gradients(
     keep_sink: str | bool,
     tolerance: float,
     max_steps: int,
+    pooling: str,
 ) -> MethodOutput:
     """Integrated Gradients (Sundararajan et al. 2017) over the input embeddings.
 
@@ -746,6 +775,13 @@ def integrated_gradients(
     integrand into a spike of width ``≈ sqrt(ε)/‖e‖`` (α ~ 1e-4) that no 50-point quadrature
     resolves. The zero baseline is degenerate there, and the pad-token embedding is the
     non-degenerate choice.
+    pooling:   ``"sum"`` (default): the signed ``Σ_d`` above, which conserves ``f(e) − f(b)``.
+               ``"l1"``/``"l2"``: the norm over ``d`` of each token's integrated vector
+               ``Σ_k (e − b)^k_i ⊙ Σ_s w_s ∂f/∂e^k_i`` (unsigned), the ℓ1 aggregation of the
+               NormXLogit paper's faithfulness tables (its Section 4). The completeness gap in
+               ``meta`` still refers to the signed sum. Under ``n_steps="auto"`` the vectors are
+               taken at the nodes of each item's final panels once the signed rule has converged
+               (:func:`final_rule_vectors`; one more pass over those nodes).
     keep_sink: which tokens keep their embedding (are not on the path, get no relevance) under a
                named baseline. ``"special"`` (default): the special tokens only (BOS/CLS/SEP), so
                every real token is attributed. Text prompts already begin with the model's start
@@ -807,6 +843,7 @@ def integrated_gradients(
             n_steps,
             rule,
             step_batch,
+            pooling,
         )
     paths = [
         item_path(model, batch, b, resolved, names, baseline_used, keep_sink, head)
@@ -832,7 +869,15 @@ def integrated_gradients(
             step_batch=step_batch,
         )
         for b, (path, result) in enumerate(zip(paths, results)):
-            scores[b, path.columns] = result.scores[int(path.prepended) :].to(scores)
+            item_scores = result.scores
+            if pooling != "sum":
+                rows = rows_per_forward(
+                    arch, path.batch.length, PANEL_POINTS * (len(result.edges) - 1), step_batch,
+                    device,
+                )  # fmt: skip
+                total = final_rule_vectors(model, path, names, head, result.edges, rule, rows)
+                item_scores = grad_x_input_scores(path.deltas, total, pooling)[0]
+            scores[b, path.columns] = item_scores[int(path.prepended) :].to(scores)
             gaps[b] = result.gap
             used[b], panels[b] = result.n_points, len(result.edges) - 1
             batches[b] = largest[b]
@@ -846,6 +891,8 @@ def integrated_gradients(
             total = path_integral(model, path, names, head, alphas, weights, rows)
             item_scores = grad_x_input_scores(path.deltas, total)[0]
             gap = float(path.value - path.base_value - item_scores.sum())
+            if pooling != "sum":
+                item_scores = grad_x_input_scores(path.deltas, total, pooling)[0]
             used[b] = n_steps
         else:
             a0, w0 = quadrature(PANEL_POINTS, rule)
@@ -861,6 +908,9 @@ def integrated_gradients(
                 max_points=max_steps,
             )
             item_scores, gap = result.scores, result.gap
+            if pooling != "sum":
+                total = final_rule_vectors(model, path, names, head, result.edges, rule, rows)
+                item_scores = grad_x_input_scores(path.deltas, total, pooling)[0]
             used[b], panels[b] = result.n_points, len(result.edges) - 1
         batches[b] = rows
         scores[b, path.columns] = item_scores[int(path.prepended) :].to(scores)
@@ -918,6 +968,7 @@ def shared_integrated_gradients(
     n_steps: int,
     rule: str,
     step_batch: int | None,
+    pooling: str = "sum",
 ) -> MethodOutput:
     """:func:`integrated_gradients` with ``n_steps`` nodes for a generation step batch, every
     sequence's steps on one path (:func:`group_path`, :func:`group_path_integral`); same
@@ -946,6 +997,8 @@ def shared_integrated_gradients(
         value[idx] = path.value.detach().cpu().to(dtype)
         base_value[idx] = path.base_value.detach().cpu().to(dtype)
         gaps[idx] = (path.value - path.base_value - step_scores.sum(-1)).detach().cpu().to(dtype)
+        if pooling != "sum":
+            step_scores = grad_x_input_scores(path.deltas, total, pooling)
         cols = path.columns.to(device)
         scores[rows.to(device)[:, None], cols[None]] = step_scores[:, int(path.prepended) :].to(
             scores

@@ -1,0 +1,160 @@
+"""Norm pooling of Gradient×Input and Integrated Gradients over ``d_model`` (``pooling="l1"``/
+``"l2"``, the ℓ1 aggregation of the NormXLogit paper's faithfulness tables).
+
+Oracles: plain autograd on the unhooked model (G×I, and IG with a fixed rule computed node by
+node); for adaptive IG the per-dimension vectors taken at the final panels, whose signed sum over
+``d`` must reproduce the signed (``pooling="sum"``) scores; batched == single; the per-item and
+lockstep paths agree.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lens_attrib.backend import arch_of, embedding_hooks
+from lens_attrib.inputs import to_batch
+from lens_attrib.methods import integrated_gradients as ig
+from lens_attrib.methods.integrated_gradients import quadrature
+from lens_attrib.methods.registry import attribute
+from lens_attrib.target import Target
+from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
+
+F64 = torch.float64
+PROMPTS = ["the dog sees the cat near the house", "a man likes books", "the keys to the cabinet"]
+POOL = {
+    "l1": lambda v: v.abs().sum(-1),
+    "l2": lambda v: v.norm(dim=-1),
+}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().abs().max() / b.detach().abs().max())
+
+
+def _grad_x_input_vectors(model, text: str, names: list[str], scale: float = 1.0):
+    """``Σ_k e^k ⊙ ∂f/∂e^k`` per token ``[pos, d]`` with plain autograd, the embeddings at
+    ``names`` multiplied by ``scale`` (``f``: the logit of the prediction on the real input)."""
+    tokens = to_batch(model, [text]).tokens
+    with torch.no_grad():
+        predicted = int(model(tokens)[0, -1].argmax())
+    store = {}
+
+    def keep(x, hook):
+        x = (scale * x).detach().requires_grad_(True)
+        store[hook.name] = x
+        return x
+
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keep) for n in names]):
+        f = model(tokens)[0, -1, predicted]
+        grads = torch.autograd.grad(f, [store[n] for n in names])
+    return store, grads
+
+
+@pytest.mark.parametrize("pooling", ["l1", "l2"])
+def test_grad_x_input_norms_equal_hand_written_autograd(pooling) -> None:
+    model = tiny_gpt2(dtype=F64)
+    names = ["hook_embed", "hook_pos_embed"]
+    store, grads = _grad_x_input_vectors(model, PROMPTS[0], names)
+    vectors = sum(store[n][0] * g[0] for n, g in zip(names, grads))
+    got = attribute(model, PROMPTS[0], method="grad_x_input", pooling=pooling)
+    assert _rel(got.scores[0], POOL[pooling](vectors)) < 1e-12
+    signed = attribute(model, PROMPTS[0], method="grad_x_input")
+    assert _rel(signed.scores[0], vectors.sum(-1)) < 1e-12
+    assert bool((got.scores[0] >= signed.scores[0].abs() - 1e-12).all())  # a norm bounds |Σ|
+
+
+def test_grad_x_input_l1_on_an_encoder_is_taken_at_the_token_embedding() -> None:
+    model = tiny_bert(dtype=F64)
+    text = "the cat sat on the mat"
+    (name,) = embedding_hooks(arch_of(model), "partial")
+    tokens = to_batch(model, [text]).tokens
+    store = {}
+
+    def keep(x, hook):
+        x = x.detach().requires_grad_(True)
+        store["e"] = x
+        return x
+
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(name, keep)]):
+        logits = model(tokens)
+        f = logits[0, -1, int(logits[0, -1].argmax())]
+        (g,) = torch.autograd.grad(f, [store["e"]])
+    got = attribute(model, text, Target(position=-1), method="grad_x_input", pooling="l1")
+    assert _rel(got.scores[0], (store["e"] * g)[0].abs().sum(-1)) < 1e-12
+
+
+@pytest.mark.parametrize("pooling", ["l1", "l2"])
+def test_fixed_rule_ig_norms_equal_the_integral_node_by_node(pooling) -> None:
+    """Zero baseline, token embedding only (GPT-2's default): ``v = e ⊙ Σ_s w_s ∇f(α_s e)``."""
+    model = tiny_gpt2(dtype=F64)
+    alphas, weights = quadrature(6, "gausslegendre")
+    total = None
+    for a, w in zip(alphas, weights):
+        _, grads = _grad_x_input_vectors(model, PROMPTS[1], ["hook_embed"], scale=a)
+        total = w * grads[0] if total is None else total + w * grads[0]
+    assert total is not None
+    tokens = to_batch(model, [PROMPTS[1]]).tokens
+    embed = model.embed(tokens).detach()
+    vectors = (embed * total)[0]
+    got = attribute(
+        model, PROMPTS[1], method="integrated_gradients", n_steps=6, baseline="zero",
+        keep_sink=False, pooling=pooling,
+    )  # fmt: skip
+    assert _rel(got.scores[0], POOL[pooling](vectors)) < 1e-12
+    signed = attribute(
+        model, PROMPTS[1], method="integrated_gradients", n_steps=6, baseline="zero",
+        keep_sink=False,
+    )  # fmt: skip
+    assert _rel(signed.scores[0], vectors.sum(-1)) < 1e-12
+    gap = got.meta["completeness_gap"]
+    assert torch.equal(torch.as_tensor(gap), torch.as_tensor(signed.meta["completeness_gap"]))
+
+
+def _adaptive(model, prompts, pooling: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return attribute(
+            model, prompts, method="integrated_gradients", tolerance=1e-6, pooling=pooling
+        )
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_adaptive_ig_vectors_reproduce_the_signed_rule(lockstep, monkeypatch) -> None:
+    """The vectors taken at the final panels sum over ``d`` to the adaptive signed scores."""
+    monkeypatch.setattr(ig, "LOCKSTEP", lockstep)
+    model = tiny_llama(dtype=F64)
+    taken: list[torch.Tensor] = []
+    real = ig.final_rule_vectors
+
+    def spy(model, path, names, head, edges, rule, rows):
+        total = real(model, path, names, head, edges, rule, rows)
+        vec = sum(d * t for d, t in zip(path.deltas, total))[0]
+        taken.append(vec[int(path.prepended) :].detach())
+        return total
+
+    monkeypatch.setattr(ig, "final_rule_vectors", spy)
+    pooled = _adaptive(model, PROMPTS, "l1")
+    signed = _adaptive(model, PROMPTS, "sum")
+    assert len(taken) == len(PROMPTS)
+    assert pooled.meta["n_steps"] == signed.meta["n_steps"]
+    assert pooled.meta["panels"] == signed.meta["panels"]
+    for i, vec in enumerate(taken):
+        assert _rel(vec.sum(-1), signed.item_scores(i)) < 1e-12
+        assert _rel(pooled.item_scores(i), vec.abs().sum(-1)) < 1e-12
+
+
+def test_adaptive_ig_norm_batched_equals_single() -> None:
+    model = tiny_llama(dtype=F64)
+    batched = _adaptive(model, PROMPTS, "l2")
+    for i, prompt in enumerate(PROMPTS):
+        alone = _adaptive(model, [prompt], "l2")
+        assert _rel(batched.item_scores(i), alone.item_scores(0)) < 1e-12
+
+
+def test_unknown_pooling_is_a_clear_error() -> None:
+    model = tiny_gpt2(dtype=F64)
+    with pytest.raises(Exception, match="pooling"):
+        attribute(model, PROMPTS[0], method="grad_x_input", pooling="max")
