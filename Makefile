@@ -36,8 +36,8 @@ lint: $(STAMP)
 # backend-parametrised tests, which compare the bridge backend with the committed 3.9 reference
 # (decoders: GPT-2, Llama, NeoX; Gemma, Gemma 2, Phi-3, Mixtral, Qwen2/3, Mistral; Qwen2/3-MoE;
 # BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2), and the official LXT/Captum
-# fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input; IG's 50-step
-# cases stay in the 3.9 suite for time).
+# fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input, IG) and the official ALTI / ALTI-Logit
+# fixtures (their GPT-2 checkpoints loaded as bridges).
 TL4_VENV ?= .venv-tl4
 TL4_PY := $(TL4_VENV)/bin/python
 TL4_STAMP := $(TL4_VENV)/.installed
@@ -57,4 +57,4 @@ test-tl4: $(TL4_STAMP)
 	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
 		tests/test_backends.py tests/test_bridge_architectures.py tests/test_lxt_captum_official.py \
 		tests/test_tiny_checkpoints.py tests/test_bridge_encoder_folders.py tests/test_prefix_chunks.py \
-		--deselect tests/test_lxt_captum_official.py::test_integrated_gradients_equals_captum
+		tests/test_alti_official.py tests/test_token_pooling.py
