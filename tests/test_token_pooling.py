@@ -167,3 +167,31 @@ def test_unknown_pooling_is_a_clear_error() -> None:
     model = tiny_gpt2(dtype=F64)
     with pytest.raises(Exception, match="pooling"):
         attribute(model, PROMPTS[0], method="grad_x_input", pooling="max")
+
+
+@pytest.mark.parametrize("pooling", ["l1", "l2"])
+def test_deeplift_norms_pool_the_vectors_whose_sum_is_the_signed_score(
+    pooling, monkeypatch
+) -> None:
+    """DeepLIFT's vectors ``(e − b) ⊙ ∂̃f/∂e`` (the signed scores' summands, checked against
+    Captum in ``tests/test_deeplift.py``) pooled by the norm; ``meta``'s sums stay signed."""
+    from lens_attrib.methods import deeplift as module
+
+    model = tiny_llama(dtype=F64)
+    seen: list[torch.Tensor] = []
+    real = module.grad_x_input_scores
+
+    def spy(xs, grads, pooling="sum"):
+        seen.append(sum(x * g for x, g in zip(xs, grads)).detach())
+        return real(xs, grads, pooling)
+
+    monkeypatch.setattr(module, "grad_x_input_scores", spy)
+    signed = attribute(model, PROMPTS, method="deeplift")
+    vectors = seen[-1]
+    pooled = attribute(model, PROMPTS, method="deeplift", pooling=pooling)
+    shift = vectors.shape[1] - signed.scores.shape[1]  # a prepended sink column
+    mask = signed.mask.to(vectors.device)
+    assert _rel(signed.scores, vectors.sum(-1)[:, shift:] * mask) < 1e-12
+    assert _rel(pooled.scores, POOL[pooling](vectors)[:, shift:] * mask) < 1e-12
+    for key in ("relevance_sum", "completeness_gap", "baseline_value"):
+        assert torch.equal(pooled.meta[key], signed.meta[key]), key
