@@ -61,6 +61,7 @@ BACKEND_INTERFACE = (
     "layer_norm_activation",
     "call_context",
     "deep_copy",
+    "norms_folded",
 )
 """The functions every backend module defines (same names, same signatures, same meaning):
 
@@ -84,7 +85,9 @@ BACKEND_INTERFACE = (
 - ``layer_norm_activation(model)``: whether the MLP activation is a LayerNorm one (SoLU);
 - ``call_context(model)``: a context the model guard enters for the length of one call;
 - ``deep_copy(model, value, memo)``: ``copy.deepcopy(value, memo)`` (``value``: the model or a
-  structure holding it) whose copy of the model runs on its own modules only.
+  structure holding it) whose copy of the model runs on its own modules only;
+- ``norms_folded(model)``: whether ``fold_ln`` processed the model where its norm type does not
+  say so (a bridge keeps its norms' types).
 """
 
 
@@ -448,13 +451,14 @@ def _component_backend(module: Any) -> Any:
 def processing_signatures(model: Any, arch: Arch) -> list[str]:
     """TransformerLens weight processing this model shows (``from_pretrained``'s defaults).
 
-    Read from the weights: ``LNPre``/``RMSPre`` norms (``fold_ln``), a vocabulary-centred
+    Read from the weights: ``LNPre``/``RMSPre`` norms, or a bridge's norms of weight 1 and bias 0
+    after its ``process_weights`` (``fold_ln``), a vocabulary-centred
     unembedding (``center_unembed``), embeddings centred over ``d_model``
     (``center_writing_weights``), zero value biases with a non-zero output bias
     (``fold_value_biases``). Each is returned as a phrase naming the processing.
     """
     found: list[str] = []
-    if arch.normalization in ("LNPre", "RMSPre"):
+    if arch.normalization in ("LNPre", "RMSPre") or backend_module(arch).norms_folded(model):
         found.append("fold_ln (the norms' weights were folded into the next layers)")
     with torch.no_grad():
         if arch.lm_head and not arch.encoder:

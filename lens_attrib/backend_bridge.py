@@ -498,6 +498,26 @@ def norm_params(module: nn.Module) -> tuple[bool, Tensor | None, Tensor | None, 
     return center, weight, bias, True
 
 
+def norms_folded(model: Any) -> bool:
+    """Whether ``fold_ln`` processed the bridge: TransformerLens 4's ``process_weights`` (also
+    run by ``enable_compatibility_mode``) keeps each norm's type and sets its weight to 1 and its
+    bias to 0, having moved them into the weights that read it; read from that, on a bridge
+    whose ``_weights_processed`` flag is set."""
+    if not getattr(model, "_weights_processed", False):
+        return False
+    norms, _ = _norm_and_attention_bridges(model)
+    found = False
+    with torch.no_grad():
+        for norm in norms:
+            _, weight, bias, active = norm_params(norm)
+            if not active or weight is None:
+                continue
+            if not bool((weight == 1).all()) or (bias is not None and bool((bias != 0).any())):
+                return False
+            found = True
+    return found
+
+
 def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
     """The Hugging Face MLP's activation module (``act_fn`` or ``act``; BERT's
     ``intermediate.intermediate_act_fn``; a mixture of experts: the experts' one ``act_fn``)."""

@@ -296,3 +296,9 @@ def call_context(model: Any) -> Iterator[None]:
 def deep_copy(model: Any, value: Any, memo: dict[int, Any]) -> Any:
     """``copy.deepcopy``: a HookedTransformer's hooks hold no closures over its modules."""
     return copy.deepcopy(value, memo)
+
+
+def norms_folded(model: Any) -> bool:
+    """``fold_ln`` shows on a HookedTransformer as its norm type (``LNPre``/``RMSPre``, read by
+    :func:`lens_attrib.backend.processing_signatures` from the architecture): nothing else."""
+    return False

@@ -39,3 +39,13 @@ def rotary_facts(model: Any) -> tuple[int, float]:
     factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     assert base is not None, "no rope_theta in the Hugging Face config"
     return int(model.cfg.d_head * float(factor)), float(base)
+
+
+def process_weights(model: Any, **options: Any) -> None:
+    """TransformerLens' weight processing, in place: 3.9's ``process_weights_``, a bridge's
+    ``process_weights`` (the same options: ``fold_ln``, ``center_writing_weights``,
+    ``center_unembed``, all on by default, and ``fold_value_biases``)."""
+    if BRIDGE:
+        model.process_weights(**options)
+    else:
+        model.process_weights_(**options)
