@@ -54,6 +54,15 @@ means something else on the bridge, this module maps it:
   :func:`fused_attention` gives plain rotary attentions TransformerLens 3.9 fast path's fused
   kernel (``scaled_dot_product_attention``) whenever nothing hooks the scores or the pattern
   and the mask is causal only (:func:`_fused_attention_forward`).
+- Hooks that edit in place: a bridge hands hooks tensors autograd keeps (the softmax's output
+  at ``attn.hook_pattern``, the fused kernel's at ``attn.hook_z``, a ReLU's at ``mlp.hook_post``,
+  ``sqrt``'s at a norm's ``hook_scale``); these points copy their tensor for their hooks
+  (:func:`lens_attrib.fastpath.saved_output_hook_points`: in every call through the model
+  guard, for good on ``load_model``'s bridges).
+- Deep copies (fine-tuning, ``verify``): TransformerLens 4 wires hooks as closures over the
+  bridge's modules, which ``copy.deepcopy`` shares with the copy; :func:`deep_copy` rebinds them.
+- Weight processing: ``process_weights`` keeps each norm's type (``fold_ln`` sets its weight to 1
+  and bias to 0): :func:`norms_folded` reads that for the processed-model warning.
 
 The logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward applies it
 after ``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked backend does.

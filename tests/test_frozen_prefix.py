@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from lens_attrib.classifiers.finetune import fine_tune, head_rows, trainable_copy
+from lens_attrib.backend import deep_copy
+from lens_attrib.classifiers.finetune import block_parameters, fine_tune, head_rows, trainable_copy
 from lens_attrib.classifiers.frozen_prefix import (
     build_prefix,
     final_rows,
@@ -161,3 +162,28 @@ def test_fine_tune_takes_a_prefix_built_once(setting):
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     with pytest.raises(ValueError, match="entering block"):
         fine_tune(model, head, inputs, labels, k=1, prefix=build_prefix(model, inputs, 0))
+
+
+def test_the_trainable_copy_computes_with_its_own_weights(setting):
+    """Fine-tuning trains a deep copy: the copy's forward reads the copy's blocks only, and
+    running it leaves the original as it was (a Llama bridge's deep copy used to run its fused
+    attention on the original's weights; a BERT bridge's copy left its attention inputs, with
+    their graph, on the original, which then could not be copied again: the second
+    ``fine_tune`` of test_fine_tune_takes_a_prefix_built_once raised)."""
+    kind, model = setting
+    inputs = _inputs(kind)[:3]
+    before = residual_features(model, inputs)
+    tuned = trainable_copy(model, 2)  # block L-1's input then carries a graph
+    prefix = build_prefix(tuned, inputs, int(model.cfg.n_layers) - 2)
+    with torch.enable_grad():  # the padded forward and fine-tuning's block-by-block one
+        head_rows(tuned, new_head(tuned, 2), inputs).square().sum().backward()
+        final_rows(tuned, prefix, [0, 1, 2]).square().sum().backward()
+    assert all(p.grad is None for p in model.parameters())
+    again = deep_copy(model)  # nothing of the copy's graph was left on the original
+    with torch.no_grad():
+        for param in block_parameters(tuned, 2).values():
+            param.mul_(1.5)
+    changed = residual_features(tuned, inputs)
+    assert float((changed - before).abs().max()) > 1e-3 * float(before.abs().max())
+    _close(residual_features(model, inputs), before)
+    _close(residual_features(again, inputs), before)
