@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from lens_attrib.backend import arch_of, embedding_hooks
-from lens_attrib.hooks.guard import model_guard
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods import integrated_gradients as ig
 from lens_attrib.methods.integrated_gradients import quadrature
@@ -43,16 +42,12 @@ def _grad_x_input_vectors(model, text: str, names: list[str], scale: float = 1.0
         predicted = int(model(tokens)[0, -1].argmax())
     store = {}
 
-    def keeper(name):
-        # the name is bound here, not read from hook.name (a bridge reports its own names)
-        def keep(x, hook):
-            x = (scale * x).detach().requires_grad_(True)
-            store[name] = x
-            return x
+    def keep(x, hook):
+        x = (scale * x).detach().requires_grad_(True)
+        store[hook.name] = x
+        return x
 
-        return keep
-
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keeper(n)) for n in names]):
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keep) for n in names]):
         f = model(tokens)[0, -1, predicted]
         grads = torch.autograd.grad(f, [store[n] for n in names])
     return store, grads
@@ -83,8 +78,7 @@ def test_grad_x_input_l1_on_an_encoder_is_taken_at_the_token_embedding() -> None
         store["e"] = x
         return x
 
-    # inside the model guard: a BERT bridge resolves HookedEncoder's hook names for a call
-    with model_guard(model), torch.enable_grad(), model.hooks(fwd_hooks=[(name, keep)]):
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(name, keep)]):
         logits = model(tokens)
         f = logits[0, -1, int(logits[0, -1].argmax())]
         (g,) = torch.autograd.grad(f, [store["e"]])
