@@ -1335,12 +1335,17 @@ def deep_copy(model: Any, value: Any, memo: dict[int, Any]) -> Any:
     return copied
 
 
-def _rebound(function: Any, memo: dict[int, Any]) -> Any:
+def _rebound(function: Any, memo: dict[int, Any], seen: dict[int, Any] | None = None) -> Any:
     """``function`` with every closure cell that holds a deep-copied object (or such a closure)
-    holding the copy instead; ``function`` itself when none does."""
+    holding the copy instead; ``function`` itself when none does (``seen``: the functions met
+    on the way, so that a closure that holds itself ends the walk)."""
     closure = getattr(function, "__closure__", None)
     if not isinstance(function, types.FunctionType) or not closure:
         return function
+    seen = {} if seen is None else seen
+    if id(function) in seen:
+        return seen[id(function)]
+    seen[id(function)] = function
     cells, changed = [], False
     for cell in closure:
         try:
@@ -1348,7 +1353,7 @@ def _rebound(function: Any, memo: dict[int, Any]) -> Any:
         except ValueError:  # an empty cell
             cells.append(cell)
             continue
-        new = _rebound(content, memo) if callable(content) else content
+        new = _rebound(content, memo, seen) if callable(content) else content
         if new is content and id(content) in memo and memo[id(content)] is not content:
             new = memo[id(content)]
         changed = changed or new is not content
@@ -1362,4 +1367,5 @@ def _rebound(function: Any, memo: dict[int, Any]) -> Any:
     rebuilt.__kwdefaults__ = function.__kwdefaults__
     rebuilt.__dict__.update(function.__dict__)
     rebuilt.__qualname__ = function.__qualname__
+    seen[id(function)] = rebuilt
     return rebuilt

@@ -24,7 +24,7 @@ from lens_attrib.classifiers.frozen_prefix import (
     length_chunks,
     prefix_features,
 )
-from lens_attrib.classifiers.linear import LinearHead, new_head, residual_features
+from lens_attrib.classifiers.linear import LinearHead, item_tokens, new_head, residual_features
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama, tiny_pythia
 from tests.tl_versions import BRIDGE
 
@@ -187,3 +187,26 @@ def test_the_trainable_copy_computes_with_its_own_weights(setting):
     assert float((changed - before).abs().max()) > 1e-3 * float(before.abs().max())
     _close(residual_features(model, inputs), before)
     _close(residual_features(again, inputs), before)
+
+
+def test_hooks_on_the_trainable_copy_fire_on_the_copy(setting):
+    """A hook on the copy fires in the copy's forward, one on the original does not (a BERT
+    bridge's plain deep copy fired the original's ``mlp.hook_in``/``hook_out`` instead: its
+    mirrors of them are closures over the original's MLP)."""
+    kind, model = setting
+    tuned = trainable_copy(model, 1)
+    fired: list[str] = []
+    for layer in range(int(model.cfg.n_layers)):
+        # the MLP's own input and output points (a bridge's symbolic MLP mirrors them)
+        mlp = ("mlp.hook_in", "mlp.hook_out") if BRIDGE else ("mlp.hook_pre", "mlp.hook_post")
+        for point in (*mlp, "hook_resid_pre"):
+            name = f"blocks.{layer}.{point}"
+            tuned.hook_dict[name].add_hook(lambda x, hook: fired.append("copy"))
+            model.hook_dict[name].add_hook(lambda x, hook: fired.append("original"))
+    try:
+        with torch.no_grad():
+            tuned(item_tokens(tuned, _inputs(kind)[:1])[0].tokens[None])
+    finally:
+        tuned.reset_hooks()
+        model.reset_hooks()
+    assert fired and set(fired) == {"copy"}
