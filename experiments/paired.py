@@ -32,22 +32,12 @@ import numpy as np
 import torch
 
 from experiments.common import format_table
+from experiments.resume import journal_file
 from lens_attrib.evaluation import pearson_drop
 from lens_attrib.evaluation.journal import read_lines
 from lens_attrib.evaluation.stats import bootstrap_ci
 
 IDENTITY = ("task", "dataset", "mode", "specials", "item", "metric")
-
-
-def journal_file(path: str | Path) -> Path:
-    """A journal file, or the ``records.jsonl.gz`` / ``records.jsonl`` in a run's folder."""
-    path = Path(path)
-    if path.is_dir():
-        for name in ("records.jsonl.gz", "records.jsonl"):
-            if (path / name).exists():
-                return path / name
-        raise FileNotFoundError(f"{path} holds no records.jsonl.gz or records.jsonl")
-    return path
 
 
 def labelled_records(path: str | Path) -> list[dict[str, Any]]:

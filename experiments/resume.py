@@ -103,6 +103,17 @@ class Units:
         return records
 
 
+def journal_file(path: str | Path) -> Path:
+    """A journal file, or the ``records.jsonl.gz`` / ``records.jsonl`` in a run's folder."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("records.jsonl.gz", "records.jsonl"):
+            if (path / name).exists():
+                return path / name
+        raise FileNotFoundError(f"{path} holds no records.jsonl.gz or records.jsonl")
+    return path
+
+
 def unit_costs(path: str | Path) -> list[dict[str, Any]]:
     """Per journaled unit of ``path``: its key, number of items and CPU / wall seconds (units
     journaled before costs were recorded are left out)."""
@@ -143,4 +154,4 @@ def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) 
     )
 
 
-__all__ = ["Records", "Units", "add_resume_arguments", "fingerprint", "unit_costs"]
+__all__ = ["Records", "Units", "add_resume_arguments", "fingerprint", "journal_file", "unit_costs"]

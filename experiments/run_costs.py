@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import format_table
-from experiments.resume import unit_costs
+from experiments.resume import journal_file, unit_costs
 
 TUNING = "grad_ellm_depth"
 
@@ -73,12 +73,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     )
     parser.add_argument("--n", type=int, default=None, help="items per task / dataset at full size")
     args = parser.parse_args(argv)
-    journal = Path(args.journal)
-    if journal.is_dir():
-        found = [journal / n for n in ("records.jsonl.gz", "records.jsonl") if (journal / n).exists()]
-        if not found:
-            parser.error(f"{journal} holds no records.jsonl.gz or records.jsonl")
-        journal = found[0]
+    try:
+        journal = journal_file(args.journal)
+    except FileNotFoundError as err:
+        parser.error(str(err))
     rows = cost_table(journal)
     cells = [
         [r["where"], r["method"], r["units"], round(r["items"], 1), round(r["cpu_s"], 1),

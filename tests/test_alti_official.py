@@ -2,8 +2,10 @@
 
 The fixtures in ``tests/fixtures/alti_official/<checkpoint>/`` hold two random float64 GPT-2
 checkpoints and the numbers the official code computed on 24 token sequences each (see the
-README there). Every quantity is compared item by item, relative to the item's largest |value|,
-with all items of a checkpoint in one left-padded batch.
+README there). On TransformerLens 4 the checkpoint loads as a ``TransformerBridge`` through
+``load_model``, on 3.9 as a ``HookedTransformer`` built by hand. Every quantity is compared
+item by item, relative to the item's largest |value|, with all items of a checkpoint in one
+left-padded batch.
 
 With ``l1_eps=1e-6`` (the ε the official ``pairwise_distance`` adds) everything agrees to 1e-12.
 With the default plain L1 distance (``l1_eps=0``) the quantities that do not go through the ALTI
@@ -17,15 +19,16 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
-from transformer_lens.pretrained.weight_conversions.gpt2 import convert_gpt2_weights
 
 from lens_attrib import Target, attribute
 from lens_attrib.methods.alti import alti_mixing_matrices
+from lens_attrib.models import load_model
+from tests.tl_versions import BRIDGE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "alti_official"
 CHECKPOINTS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -44,8 +47,11 @@ def tolerance(name: str, l1_eps: float) -> float:
     return EPS_EFFECT
 
 
-def hooked_gpt2(folder: Path) -> HookedTransformer:
-    """The HF checkpoint as a float64 HookedTransformer, weights loaded as stored."""
+def hooked_gpt2(folder: Path) -> Any:
+    """The HF checkpoint as a float64 HookedTransformer, weights loaded as stored (built by
+    hand from the config, independently of ``load_model``)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions.gpt2 import convert_gpt2_weights
     from transformers import GPT2LMHeadModel
 
     hf = json.loads((folder / "config.json").read_text())
@@ -77,6 +83,16 @@ def hooked_gpt2(folder: Path) -> HookedTransformer:
     return model.eval()
 
 
+def bridge_gpt2(folder: Path) -> Any:
+    """The HF checkpoint as a float64 TransformerBridge (TransformerLens 4), through
+    ``load_model`` as a user would load their own folder."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = load_model(str(folder), dtype=torch.float64)
+    assert type(model).__name__ == "TransformerBridge"
+    return model
+
+
 @pytest.fixture(scope="module", params=CHECKPOINTS)
 def checkpoint(request):
     folder = FIXTURES / request.param
@@ -84,7 +100,7 @@ def checkpoint(request):
     lengths = ref["lengths"]
     return {
         "name": request.param,
-        "model": hooked_gpt2(folder),
+        "model": bridge_gpt2(folder) if BRIDGE else hooked_gpt2(folder),
         "ref": ref,
         "tokens": [ref["tokens"][i, :n].tolist() for i, n in enumerate(lengths)],
     }

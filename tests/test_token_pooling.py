@@ -21,6 +21,7 @@ from lens_attrib.methods.integrated_gradients import quadrature
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import Target
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
+from tests.tl_versions import BRIDGE
 
 F64 = torch.float64
 PROMPTS = ["the dog sees the cat near the house", "a man likes books", "the keys to the cabinet"]
@@ -42,12 +43,15 @@ def _grad_x_input_vectors(model, text: str, names: list[str], scale: float = 1.0
         predicted = int(model(tokens)[0, -1].argmax())
     store = {}
 
-    def keep(x, hook):
-        x = (scale * x).detach().requires_grad_(True)
-        store[hook.name] = x
-        return x
+    def keeper(name: str):
+        def keep(x, hook):
+            x = (scale * x).detach().requires_grad_(True)
+            store[name] = x
+            return x
 
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keep) for n in names]):
+        return keep
+
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keeper(n)) for n in names]):
         f = model(tokens)[0, -1, predicted]
         grads = torch.autograd.grad(f, [store[n] for n in names])
     return store, grads
@@ -56,7 +60,8 @@ def _grad_x_input_vectors(model, text: str, names: list[str], scale: float = 1.0
 @pytest.mark.parametrize("pooling", ["l1", "l2"])
 def test_grad_x_input_norms_equal_hand_written_autograd(pooling) -> None:
     model = tiny_gpt2(dtype=F64)
-    names = ["hook_embed", "hook_pos_embed"]
+    names = embedding_hooks(arch_of(model), "full")
+    assert len(names) == 2  # token and learned positions
     store, grads = _grad_x_input_vectors(model, PROMPTS[0], names)
     vectors = sum(store[n][0] * g[0] for n, g in zip(names, grads))
     got = attribute(model, PROMPTS[0], method="grad_x_input", pooling=pooling)
@@ -70,6 +75,10 @@ def test_grad_x_input_l1_on_an_encoder_is_taken_at_the_token_embedding() -> None
     model = tiny_bert(dtype=F64)
     text = "the cat sat on the mat"
     (name,) = embedding_hooks(arch_of(model), "partial")
+    if BRIDGE:  # the library's 3.9 encoder names, mapped to the BERT bridge's hook points
+        from lens_attrib.backend_bridge import encoder_hook_names
+
+        name = encoder_hook_names(model)[name]
     tokens = to_batch(model, [text]).tokens
     store = {}
 
@@ -92,13 +101,13 @@ def test_fixed_rule_ig_norms_equal_the_integral_node_by_node(pooling) -> None:
     model = tiny_gpt2(dtype=F64)
     alphas, weights = quadrature(6, "gausslegendre")
     total = None
+    names = embedding_hooks(arch_of(model), "partial")
     for a, w in zip(alphas, weights):
-        _, grads = _grad_x_input_vectors(model, PROMPTS[1], ["hook_embed"], scale=a)
+        _, grads = _grad_x_input_vectors(model, PROMPTS[1], names, scale=a)
         total = w * grads[0] if total is None else total + w * grads[0]
     assert total is not None
-    tokens = to_batch(model, [PROMPTS[1]]).tokens
-    embed = model.embed(tokens).detach()
-    vectors = (embed * total)[0]
+    store, _ = _grad_x_input_vectors(model, PROMPTS[1], names)
+    vectors = (store[names[0]] * total)[0].detach()
     got = attribute(
         model, PROMPTS[1], method="integrated_gradients", n_steps=6, baseline="zero",
         keep_sink=False, pooling=pooling,
@@ -158,3 +167,31 @@ def test_unknown_pooling_is_a_clear_error() -> None:
     model = tiny_gpt2(dtype=F64)
     with pytest.raises(Exception, match="pooling"):
         attribute(model, PROMPTS[0], method="grad_x_input", pooling="max")
+
+
+@pytest.mark.parametrize("pooling", ["l1", "l2"])
+def test_deeplift_norms_pool_the_vectors_whose_sum_is_the_signed_score(
+    pooling, monkeypatch
+) -> None:
+    """DeepLIFT's vectors ``(e − b) ⊙ ∂̃f/∂e`` (the signed scores' summands, checked against
+    Captum in ``tests/test_deeplift.py``) pooled by the norm; ``meta``'s sums stay signed."""
+    from lens_attrib.methods import deeplift as module
+
+    model = tiny_llama(dtype=F64)
+    seen: list[torch.Tensor] = []
+    real = module.grad_x_input_scores
+
+    def spy(xs, grads, pooling="sum"):
+        seen.append(sum(x * g for x, g in zip(xs, grads)).detach())
+        return real(xs, grads, pooling)
+
+    monkeypatch.setattr(module, "grad_x_input_scores", spy)
+    signed = attribute(model, PROMPTS, method="deeplift")
+    vectors = seen[-1]
+    pooled = attribute(model, PROMPTS, method="deeplift", pooling=pooling)
+    shift = vectors.shape[1] - signed.scores.shape[1]  # a prepended sink column
+    mask = signed.mask.to(vectors.device)
+    assert _rel(signed.scores, vectors.sum(-1)[:, shift:] * mask) < 1e-12
+    assert _rel(pooled.scores, POOL[pooling](vectors)[:, shift:] * mask) < 1e-12
+    for key in ("relevance_sum", "completeness_gap", "baseline_value"):
+        assert torch.equal(pooled.meta[key], signed.meta[key]), key

@@ -44,7 +44,12 @@ from lens_attrib.hooks.deeplift import (
     rescale_hooks,
 )
 from lens_attrib.inputs import Batch, pad_id_of
-from lens_attrib.methods.backprop import EMBEDDING_OPTION, grad_x_input_scores, gradients_at
+from lens_attrib.methods.backprop import (
+    EMBEDDING_OPTION,
+    TOKEN_POOLING_OPTION,
+    grad_x_input_scores,
+    gradients_at,
+)
 from lens_attrib.methods.baselines import (
     SINK_MODES,
     baseline_check,
@@ -167,6 +172,7 @@ def reference_rows(
             check=_eps_check,
             help="|h − h₀| below it uses φ'(h) (Captum's 1e-10)",
         ),
+        "pooling": TOKEN_POOLING_OPTION,
     },
 )
 def deeplift(
@@ -179,6 +185,7 @@ def deeplift(
     keep_sink: str | bool,
     activations: str,
     eps: float,
+    pooling: str,
 ) -> MethodOutput:
     """DeepLIFT (Rescale rule; Shrikumar et al. 2017) against an embedding baseline.
 
@@ -197,6 +204,10 @@ def deeplift(
                which equals Captum's ``DeepLift`` (and Inseq's ``deeplift``) on GELU/SiLU models
                such as GPT-2, Llama, Mistral or BERT (with its classifier head).
     eps:       below ``|h − h₀| < eps`` the multiplier is ``φ'(h)`` (Captum's default 1e-10).
+    pooling:   ``"sum"`` (default, signed, the form whose total is ``f(e) − f(b)`` up to the
+               gap), or the ``"l1"``/``"l2"`` norm over ``d`` of each token's vector
+               ``Σ_k (e − b)^k_i ⊙ ∂̃f/∂e^k_i`` (Inseq pools its gradient methods, DeepLIFT
+               included, by the ℓ2 norm by default); ``meta``'s sums stay the signed ones.
 
     ``meta``: ``explained_value`` ``f(e)``, ``baseline_value`` ``f(b)``, ``relevance_sum``,
     ``completeness_gap = f(e) − f(b) − Σ_i R_i`` (0 only where the network is affine maps and
@@ -241,6 +252,9 @@ def deeplift(
         base_value = result.resolved.select(xtarget.head_fn(model)(rows0))
     value = result.value.detach()
     relevance_sum = item_scores.sum(-1)
+    if pooling != "sum":
+        item_scores = grad_x_input_scores(deltas, grads, pooling)
+        item_scores = item_scores.masked_fill(~xbatch.mask.to(item_scores.device), 0.0)
     scores = item_scores[:, shift:]
     resolved = result.resolved
     if shift:
