@@ -38,7 +38,8 @@ lint: $(STAMP)
 # (decoders: GPT-2, Llama, NeoX; Gemma, Gemma 2, Phi-3, Mixtral, Qwen2/3, Mistral; Qwen2/3-MoE;
 # BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2), and the official LXT/Captum
 # fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input, IG) and the official ALTI / ALTI-Logit
-# fixtures (their GPT-2 checkpoints loaded as bridges).
+# fixtures (their GPT-2 checkpoints loaded as bridges), and the tests of what a bridge user does
+# (in-place hooks, fine-tuning copies, local folders in every dtype, processed weights, metrics).
 TL4_VENV ?= .venv-tl4
 TL4_PY := $(TL4_VENV)/bin/python
 TL4_STAMP := $(TL4_VENV)/.installed
@@ -58,4 +59,6 @@ test-tl4: $(TL4_STAMP)
 	HF_HUB_OFFLINE=1 $(TL4_PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
 		tests/test_backends.py tests/test_bridge_architectures.py tests/test_lxt_captum_official.py \
 		tests/test_tiny_checkpoints.py tests/test_bridge_encoder_folders.py tests/test_prefix_chunks.py \
-		tests/test_alti_official.py tests/test_token_pooling.py
+		tests/test_alti_official.py tests/test_token_pooling.py tests/test_inplace_hooks.py \
+		tests/test_frozen_prefix.py tests/test_metrics.py tests/test_user_models.py \
+		tests/test_tl_operations.py tests/test_local_folders.py tests/test_models_dtype.py

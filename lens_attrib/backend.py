@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lens_attrib.arch import CLASS_HEAD, Arch, Head, MlmHead, attached_head, has_lm_head
+from lens_attrib.arch import CLASS_HEAD, Arch, Head, MlmHead, attached_head
 from lens_attrib.errors import ModelError
 from lens_attrib.module_hooks import has_hooks
 
@@ -60,6 +60,8 @@ BACKEND_INTERFACE = (
     "mlp_activation",
     "layer_norm_activation",
     "call_context",
+    "deep_copy",
+    "norms_folded",
 )
 """The functions every backend module defines (same names, same signatures, same meaning):
 
@@ -81,7 +83,11 @@ BACKEND_INTERFACE = (
   layout and with zero tensors for absent biases;
 - ``mlp_activation(model, layer)``: the MLP's element-wise activation function;
 - ``layer_norm_activation(model)``: whether the MLP activation is a LayerNorm one (SoLU);
-- ``call_context(model)``: a context the model guard enters for the length of one call.
+- ``call_context(model)``: a context the model guard enters for the length of one call;
+- ``deep_copy(model, value, memo)``: ``copy.deepcopy(value, memo)`` (``value``: the model or a
+  structure holding it) whose copy of the model runs on its own modules only;
+- ``norms_folded(model)``: whether ``fold_ln`` processed the model where its norm type does not
+  say so (a bridge keeps its norms' types).
 """
 
 
@@ -113,6 +119,14 @@ def is_encoder(model: Any) -> bool:
 def arch_of(model: Any) -> Arch:
     """Read the architecture facts of a TransformerLens model."""
     return cast(Arch, backend_module(model).arch_of(model))
+
+
+def has_lm_head(model: Any) -> bool:
+    """Whether token logits exist: False for encoders loaded without their MLM head (a
+    ``BertModel`` checkpoint, a classifier), on either backend (a bridge builds a
+    ``*ForMaskedLM`` with a freshly initialised head from such a checkpoint: ``Arch.lm_head``
+    reads which)."""
+    return bool(arch_of(model).lm_head)
 
 
 def layer_norm_activation(model: Any) -> bool:
@@ -413,6 +427,16 @@ def call_context(model: Any) -> Iterator[None]:
         yield
 
 
+def deep_copy(model: Any, value: Any = None, memo: dict[int, Any] | None = None) -> Any:
+    """``copy.deepcopy(value, memo)`` (``value`` defaults to ``model``; a structure holding the
+    model, such as ``(model, head)``, is copied together) whose copy of ``model`` computes with
+    its own modules and leaves the original untouched: plain ``deepcopy`` for TransformerLens
+    3.9; see :func:`lens_attrib.backend_bridge.deep_copy`."""
+    return backend_module(model).deep_copy(
+        model, model if value is None else value, {} if memo is None else memo
+    )
+
+
 def _component_backend(module: Any) -> Any:
     """The backend of a model *component* (bridge components live in ``model_bridge``)."""
     if type(module).__module__.startswith("transformer_lens.model_bridge"):
@@ -427,13 +451,14 @@ def _component_backend(module: Any) -> Any:
 def processing_signatures(model: Any, arch: Arch) -> list[str]:
     """TransformerLens weight processing this model shows (``from_pretrained``'s defaults).
 
-    Read from the weights: ``LNPre``/``RMSPre`` norms (``fold_ln``), a vocabulary-centred
+    Read from the weights: ``LNPre``/``RMSPre`` norms, or a bridge's norms of weight 1 and bias 0
+    after its ``process_weights`` (``fold_ln``), a vocabulary-centred
     unembedding (``center_unembed``), embeddings centred over ``d_model``
     (``center_writing_weights``), zero value biases with a non-zero output bias
     (``fold_value_biases``). Each is returned as a phrase naming the processing.
     """
     found: list[str] = []
-    if arch.normalization in ("LNPre", "RMSPre"):
+    if arch.normalization in ("LNPre", "RMSPre") or backend_module(arch).norms_folded(model):
         found.append("fold_ln (the norms' weights were folded into the next layers)")
     with torch.no_grad():
         if arch.lm_head and not arch.encoder:

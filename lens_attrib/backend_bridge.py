@@ -54,6 +54,15 @@ means something else on the bridge, this module maps it:
   :func:`fused_attention` gives plain rotary attentions TransformerLens 3.9 fast path's fused
   kernel (``scaled_dot_product_attention``) whenever nothing hooks the scores or the pattern
   and the mask is causal only (:func:`_fused_attention_forward`).
+- Hooks that edit in place: a bridge hands hooks tensors autograd keeps (the softmax's output
+  at ``attn.hook_pattern``, the fused kernel's at ``attn.hook_z``, a ReLU's at ``mlp.hook_post``,
+  ``sqrt``'s at a norm's ``hook_scale``); these points copy their tensor for their hooks
+  (:func:`lens_attrib.fastpath.saved_output_hook_points`: in every call through the model
+  guard, for good on ``load_model``'s bridges).
+- Deep copies (fine-tuning, ``verify``): TransformerLens 4 wires hooks as closures over the
+  bridge's modules, which ``copy.deepcopy`` shares with the copy; :func:`deep_copy` rebinds them.
+- Weight processing: ``process_weights`` keeps each norm's type (``fold_ln`` sets its weight to 1
+  and bias to 0): :func:`norms_folded` reads that for the processed-model warning.
 
 The logit soft-cap (Gemma 2) is applied by :func:`lm_head` as the bridge's forward applies it
 after ``unembed``, and :func:`unembedding` refuses a soft-capped head as the hooked backend does.
@@ -88,6 +97,7 @@ backend="bridge")`` does this), as TransformerLens 3.9's loader does.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import sys
@@ -495,6 +505,26 @@ def norm_params(module: nn.Module) -> tuple[bool, Tensor | None, Tensor | None, 
         weight = 1.0 + weight
     bias = getattr(norm.original_component, "bias", None) if center else None
     return center, weight, bias, True
+
+
+def norms_folded(model: Any) -> bool:
+    """Whether ``fold_ln`` processed the bridge: TransformerLens 4's ``process_weights`` (also
+    run by ``enable_compatibility_mode``) keeps each norm's type and sets its weight to 1 and its
+    bias to 0, having moved them into the weights that read it; read from that, on a bridge
+    whose ``_weights_processed`` flag is set."""
+    if not getattr(model, "_weights_processed", False):
+        return False
+    norms, _ = _norm_and_attention_bridges(model)
+    found = False
+    with torch.no_grad():
+        for norm in norms:
+            _, weight, bias, active = norm_params(norm)
+            if not active or weight is None:
+                continue
+            if not bool((weight == 1).all()) or (bias is not None and bool((bias != 0).any())):
+                return False
+            found = True
+    return found
 
 
 def mlp_activation(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
@@ -1152,6 +1182,13 @@ def _only_causal(mask: Tensor | None, length: int) -> bool:
 
 
 def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
+    """:func:`_fused_forward` as a method bound to ``attn`` (not a closure over it), so that
+    ``copy.deepcopy`` of the bridge (fine-tuning's copy) binds it to the copy's attention: a
+    closure would run the copy on the original's weights."""
+    return types.MethodType(_fused_forward, attn)
+
+
+def _fused_forward(attn: Any, *args: Any, **kwargs: Any) -> Any:
     """The attention bridge's forward with ``scaled_dot_product_attention`` when nothing
     observes the scores or the pattern (no hook on ``hook_attn_scores``/``hook_pattern``) and
     :func:`_lean_eager_attention` when something does, for a causal-only mask without KV cache;
@@ -1171,48 +1208,42 @@ def _fused_attention_forward(attn: Any) -> Callable[..., Any]:
 
     eager = PositionEmbeddingsAttentionBridge.forward.__get__(attn)
     hf_attn = attn.original_component
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        position_embeddings = kwargs.get("position_embeddings")
-        cached = kwargs.get("past_key_values", kwargs.get("layer_past"))  # what the bridge reads
-        if (
-            not isinstance(hidden, Tensor)
-            or position_embeddings is None
-            or cached is not None
-            or attn.training
-            or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
-        ):
-            return eager(*args, **kwargs)
-        observed = has_hooks(attn.hook_attn_scores) or has_hooks(attn.hook_pattern)
-        hidden = attn.hook_in(hidden)
-        shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
-        q = attn.q(hidden).view(shape).transpose(1, 2)
-        k = attn.k(hidden).view(shape).transpose(1, 2)
-        v = attn.v(hidden).view(shape).transpose(1, 2)
-        cos, sin = attn._apply_position_embedding_hooks(position_embeddings)
-        if cos.shape[-1] != hf_attn.head_dim:  # partial rotary: the bridge's own forward
-            return eager(*args, **kwargs)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if hasattr(attn, "hook_rot_q"):
-            q = attn.hook_rot_q(q)
-        if hasattr(attn, "hook_rot_k"):
-            k = attn.hook_rot_k(k)
-        groups = getattr(hf_attn, "num_key_value_groups", 1)
-        if groups > 1:
-            k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        scale = getattr(hf_attn, "scaling", hf_attn.head_dim**-0.5)
-        if not observed:
-            z = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale
-            )
-            pattern = None
-        else:  # the bridge's eager attention without the passes a causal-only mask needs not
-            z, pattern = _lean_eager_attention(attn, q, k, v, scale)
-        z = z.transpose(1, 2).reshape(*hidden.shape[:-1], -1)
-        return attn.hook_out(attn.o(z)), pattern
-
-    return forward
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    position_embeddings = kwargs.get("position_embeddings")
+    cached = kwargs.get("past_key_values", kwargs.get("layer_past"))  # what the bridge reads
+    if (
+        not isinstance(hidden, Tensor)
+        or position_embeddings is None
+        or cached is not None
+        or attn.training
+        or not _only_causal(kwargs.get("attention_mask"), hidden.shape[1])
+    ):
+        return eager(*args, **kwargs)
+    observed = has_hooks(attn.hook_attn_scores) or has_hooks(attn.hook_pattern)
+    hidden = attn.hook_in(hidden)
+    shape = (*hidden.shape[:-1], -1, hf_attn.head_dim)
+    q = attn.q(hidden).view(shape).transpose(1, 2)
+    k = attn.k(hidden).view(shape).transpose(1, 2)
+    v = attn.v(hidden).view(shape).transpose(1, 2)
+    cos, sin = attn._apply_position_embedding_hooks(position_embeddings)
+    if cos.shape[-1] != hf_attn.head_dim:  # partial rotary: the bridge's own forward
+        return eager(*args, **kwargs)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if hasattr(attn, "hook_rot_q"):
+        q = attn.hook_rot_q(q)
+    if hasattr(attn, "hook_rot_k"):
+        k = attn.hook_rot_k(k)
+    groups = getattr(hf_attn, "num_key_value_groups", 1)
+    if groups > 1:
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    scale = getattr(hf_attn, "scaling", hf_attn.head_dim**-0.5)
+    if not observed:
+        z = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        pattern = None
+    else:  # the bridge's eager attention without the passes a causal-only mask needs not
+        z, pattern = _lean_eager_attention(attn, q, k, v, scale)
+    z = z.transpose(1, 2).reshape(*hidden.shape[:-1], -1)
+    return attn.hook_out(attn.o(z)), pattern
 
 
 def _lean_eager_attention(
@@ -1264,3 +1295,77 @@ def enable_fused_attention(model: Any) -> Any:
         if "forward" not in vars(attn) and _plain_rotary_attention(attn):
             vars(attn)["forward"] = _fused_attention_forward(attn)
     return model
+
+
+# --------------------------------------------------------------------------- deep copies
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def deep_copy(model: Any, value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)``, then the copy of ``model`` re-wired to its own modules.
+
+    ``copy.deepcopy`` copies functions by reference, and TransformerLens 4 wires some hooks as
+    closures over the bridge's modules: every ``HookPoint.add_hook`` wrapper closes over its
+    hook point, a symbolic MLP's ``hook_in``/``hook_out`` mirrors (BERT) over the MLP bridge,
+    a block's capture hooks (split-qkv inputs, ``hook_mlp_in``) over weak proxies of its
+    attention and itself. A plain deep copy therefore fires the original's hook points and
+    stores its attention inputs, with their graph, on the original's modules (and the original
+    then cannot be deep-copied again). Here every hook function of the copy that closes over a
+    copied object is rebuilt with the copy's object, and each block's capture hooks are
+    removed and wired anew on the copy (TransformerLens' own ``_teardown_capture_hooks`` /
+    ``_maybe_wire_capture_hooks``).
+    """
+    copied = copy.deepcopy(value, memo)
+    bridge = memo.get(id(model), model)
+    for module in bridge.modules():
+        for name in _HOOK_DICTS:
+            hooks = getattr(module, name, None)
+            if not hooks:
+                continue
+            for key, hook in list(hooks.items()):
+                rebound = _rebound(hook, memo)
+                if rebound is not hook:
+                    hooks[key] = rebound
+    for block in getattr(bridge, "blocks", []):
+        if hasattr(block, "_teardown_capture_hooks") and hasattr(
+            block, "_maybe_wire_capture_hooks"
+        ):
+            block._teardown_capture_hooks()
+            block._maybe_wire_capture_hooks()
+    return copied
+
+
+def _rebound(function: Any, memo: dict[int, Any], seen: dict[int, Any] | None = None) -> Any:
+    """``function`` with every closure cell that holds a deep-copied object (or such a closure)
+    holding the copy instead; ``function`` itself when none does (``seen``: the functions met
+    on the way, so that a closure that holds itself ends the walk)."""
+    closure = getattr(function, "__closure__", None)
+    if not isinstance(function, types.FunctionType) or not closure:
+        return function
+    seen = {} if seen is None else seen
+    if id(function) in seen:
+        return seen[id(function)]
+    seen[id(function)] = function
+    cells, changed = [], False
+    for cell in closure:
+        try:
+            content = cell.cell_contents
+        except ValueError:  # an empty cell
+            cells.append(cell)
+            continue
+        new = _rebound(content, memo, seen) if callable(content) else content
+        if new is content and id(content) in memo and memo[id(content)] is not content:
+            new = memo[id(content)]
+        changed = changed or new is not content
+        cells.append(types.CellType(new) if new is not content else cell)
+    if not changed:
+        return function
+    rebuilt = types.FunctionType(
+        function.__code__, function.__globals__, function.__name__, function.__defaults__,
+        tuple(cells),
+    )  # fmt: skip
+    rebuilt.__kwdefaults__ = function.__kwdefaults__
+    rebuilt.__dict__.update(function.__dict__)
+    rebuilt.__qualname__ = function.__qualname__
+    seen[id(function)] = rebuilt
+    return rebuilt

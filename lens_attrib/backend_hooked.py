@@ -9,6 +9,7 @@ TransformerLens 4 too.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -290,3 +291,14 @@ def layer_norm_activation(model: Any) -> bool:
 def call_context(model: Any) -> Iterator[None]:
     """Nothing to change on a TransformerLens 3.9 model for the length of a call."""
     yield
+
+
+def deep_copy(model: Any, value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy``: a HookedTransformer's hooks hold no closures over its modules."""
+    return copy.deepcopy(value, memo)
+
+
+def norms_folded(model: Any) -> bool:
+    """``fold_ln`` shows on a HookedTransformer as its norm type (``LNPre``/``RMSPre``, read by
+    :func:`lens_attrib.backend.processing_signatures` from the architecture): nothing else."""
+    return False

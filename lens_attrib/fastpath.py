@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from lens_attrib.backend import has_hooks
+from lens_attrib.backend import has_hooks, is_bridge
 
 # Storage order (logical dimensions, outermost first) of each re-laid parameter, by module kind.
 _MATRIX_T = (1, 0)
@@ -330,20 +330,29 @@ def saved_output_hook_points(model: nn.Module) -> list[nn.Module]:
     - ``mlp.hook_post`` of an ungated MLP with ``act_fn="relu"``: ``relu`` saves its result.
 
     Every other hook point of a block gets a tensor that nothing has saved yet (later operations
-    save it only after its hooks ran), so edits there are already safe.
+    save it only after its hooks ran), so edits there are already safe. A TransformerLens 4
+    bridge also hands hooks the softmax's own output at ``attn.hook_pattern`` (its eager
+    attention) and a view of ``scaled_dot_product_attention``'s output at ``attn.hook_z`` (the
+    fused attention, :func:`lens_attrib.backend_bridge.enable_fused_attention`), and the ReLU's
+    output at ``mlp.hook_post`` of its ungated MLP bridge: those points are listed too (a point
+    reached under two names, TransformerLens 3.9's alias and the bridge's own, once).
     """
     named: dict[str, nn.Module] | None = getattr(model, "hook_dict", None)
     if named is None:
         named = {n: m for n, m in model.named_modules() if isinstance(m, HookPoint)}
     relu = getattr(getattr(model, "cfg", None), "act_fn", None) == "relu"
-    points: list[nn.Module] = []
+    bridge = is_bridge(model)
+    points: dict[int, nn.Module] = {}
     for name, point in named.items():
         if name.endswith("hook_scale"):
-            points.append(point)
+            points[id(point)] = point
+        elif bridge and name.endswith(("attn.hook_pattern", "attn.hook_z")):
+            points[id(point)] = point
         elif relu and name.endswith("mlp.hook_post"):
-            if _is_tl3_mlp(model.get_submodule(name.rsplit(".", 1)[0])):
-                points.append(point)
-    return points
+            mlp = model.get_submodule(name.rsplit(".", 1)[0])
+            if _is_tl3_mlp(mlp) or (bridge and type(mlp).__name__ == "MLPBridge"):
+                points[id(point)] = point
+    return list(points.values())
 
 
 def _is_tl3_mlp(module: nn.Module) -> bool:

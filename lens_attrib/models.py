@@ -214,12 +214,15 @@ def load_bridge(
     (:func:`lens_attrib.backend_bridge.exact_float64`), so that float64 outputs equal the
     ``HookedTransformer``'s of the same weights; plain rotary attentions take the fused kernel
     when nothing hooks their scores or pattern
-    (:func:`lens_attrib.backend_bridge.enable_fused_attention`). ``smollm2-135m``: the GGUF
-    dequantized once by transformers into a cached folder (:func:`smollm2_hf_folder`).
+    (:func:`lens_attrib.backend_bridge.enable_fused_attention`), and hooks may edit in place the
+    tensors autograd keeps (:func:`lens_attrib.fastpath.protect_saved_outputs`).
+    ``smollm2-135m``: the GGUF dequantized once by transformers into a cached folder
+    (:func:`smollm2_hf_folder`).
     """
     from transformers import AutoConfig
 
     from lens_attrib.backend_bridge import enable_fused_attention, exact_float64, use_tokenizer
+    from lens_attrib.fastpath import protect_saved_outputs
 
     smollm2 = folder.lower() in SMOLLM2_NAMES
     minilm = folder.lower() in MINILM_NAMES
@@ -257,6 +260,8 @@ def load_bridge(
         if not any((path / f).is_file() for f in TOKENIZER_FILES):  # ids only (folder_tokenizer)
             model.tokenizer = None
         enable_fused_attention(model)  # the fast path's fused attention (hooks checked per call)
+    # hook points whose tensor autograd keeps copy it for their hooks, as the 3.9 fast path's do
+    protect_saved_outputs(model)
     if smollm2:  # the HookedTransformer port's config (smollm2_config): no BOS by default
         model.cfg.default_prepend_bos = False
         model.cfg.model_name = "SmolLM2-135M-Instruct"

@@ -56,7 +56,6 @@ plus one copy in float64 (three times a float32 model) is held.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import time
@@ -71,7 +70,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lens_attrib.attribution import Attribution
-from lens_attrib.backend import arch_of, has_hooks
+from lens_attrib.backend import arch_of, deep_copy, has_hooks
 from lens_attrib.errors import ModelError, OptionError, TargetError
 from lens_attrib.forward import no_grad_context, run
 from lens_attrib.hooks.guard import model_state_fingerprint
@@ -215,7 +214,7 @@ def copy_model(model: Any, head: Any, dtype: torch.dtype | None = None) -> tuple
     if getattr(model, "tokenizer", None) is not None:
         memo[id(model.tokenizer)] = model.tokenizer
     with torch.no_grad():
-        model_copy, head_copy = copy.deepcopy((model, head), memo)
+        model_copy, head_copy = deep_copy(model, (model, head), memo)
         if dtype is not None:
             model_copy.to(dtype, print_details=False)
             model_copy.cfg.dtype = dtype

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tests.tl_versions import BRIDGE, rotary_facts
+
 
 def div(num: Tensor, den: Tensor) -> Tensor:
     """num/den with 0 where den == 0 (ε = 0 with the usual 0/0 := 0 convention)."""
@@ -71,6 +73,20 @@ def norm_forward(x: Tensor, module: Any, kind: str, eps: float) -> Norm:
 
 def gelu_new(x: Tensor) -> Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def bias(b: Tensor | None) -> Tensor | float:
+    """A bias, or 0 where the model has none (a bridge of a bias-free Llama: ``None``)."""
+    return 0.0 if b is None else b
+
+
+def key_value_weights(at: Any, grouped: bool) -> tuple[Tensor, Tensor, Any, Any]:
+    """``W_K, W_V, b_K, b_V`` with one slice per key/value head: TransformerLens 3.9 expands
+    grouped-query weights to every query head (its unexpanded ones: ``_W_K`` …); a bridge's
+    ``W_K`` are the unexpanded ones already."""
+    if grouped and hasattr(at, "_W_K") and not BRIDGE:
+        return at._W_K, at._W_V, bias(at._b_K), bias(at._b_V)
+    return at.W_K, at.W_V, bias(at.b_K), bias(at.b_V)
 
 
 def rotary_tables(
@@ -128,7 +144,7 @@ def reference_relevance(
     pos = torch.zeros_like(tok) if rotary else model.W_pos[:t_len]
     cos, sin = (None, None)
     if rotary:
-        cos, sin = rotary_tables(t_len, cfg.rotary_dim, cfg.rotary_base, dtype)
+        cos, sin = rotary_tables(t_len, *rotary_facts(model), dtype)
     causal = torch.ones(t_len, t_len, dtype=torch.bool).tril()
     scale = math.sqrt(d_head) if cfg.use_attn_scale else 1.0
 
@@ -149,13 +165,15 @@ def reference_relevance(
         st: dict[str, Any] = {"resid_pre": resid}
         n1 = norm_forward(resid, block.ln1, kind, cfg.eps)
         x = n1.y
-        w_k, w_v = (at._W_K, at._W_V) if n_kv != n_heads else (at.W_K, at.W_V)
-        b_k, b_v = (at._b_K, at._b_V) if n_kv != n_heads else (at.b_K, at.b_V)
-        q = torch.einsum("pm,hmd->phd", x, at.W_Q) + at.b_Q
+        w_k, w_v, b_k, b_v = key_value_weights(at, n_kv != n_heads)
+        q = torch.einsum("pm,hmd->phd", x, at.W_Q) + bias(at.b_Q)
         k = torch.einsum("pm,hmd->phd", x, w_k) + b_k
         v = torch.einsum("pm,hmd->phd", x, w_v) + b_v
         qr, kr = (
-            (rotate(q, cos, sin, cfg.rotary_dim), rotate(k, cos, sin, cfg.rotary_dim))
+            (
+                rotate(q, cos, sin, rotary_facts(model)[0]),
+                rotate(k, cos, sin, rotary_facts(model)[0]),
+            )
             if rotary
             else (q, k)
         )
@@ -168,20 +186,20 @@ def reference_relevance(
         terms_av = torch.einsum("hij,jhd->hijd", a, vq)
         z = terms_av.sum(2).permute(1, 0, 2)  # [pos, head, d]
         head_out = torch.einsum("phd,hdm->phm", z, at.W_O)
-        attn_out = head_out.sum(1) + at.b_O
+        attn_out = head_out.sum(1) + bias(at.b_O)
         mid = resid + attn_out
         n2 = norm_forward(mid, block.ln2, kind, cfg.eps)
         if gated:
             gate = n2.y @ mlp.W_gate
             up = n2.y @ mlp.W_in
             prod = act(gate) * up
-            post = prod + mlp.b_in
+            post = prod + bias(mlp.b_in)
             st.update(gate=gate, up=up, prod=prod)
         else:
-            pre = n2.y @ mlp.W_in + mlp.b_in
+            pre = n2.y @ mlp.W_in + bias(mlp.b_in)
             post = act(pre)
             st.update(pre=pre)
-        mlp_out = post @ mlp.W_out + mlp.b_out
+        mlp_out = post @ mlp.W_out + bias(mlp.b_out)
         resid_post = mid + mlp_out
         st.update(
             n1=n1,
@@ -205,7 +223,7 @@ def reference_relevance(
         layers.append(st)
         resid = resid_post
     nf = norm_forward(resid, model.ln_final, kind, cfg.eps)
-    logits = nf.y[-1] @ model.W_U + model.b_U
+    logits = nf.y[-1] @ model.W_U + bias(model.b_U)
     logit = logits[target]
 
     # ----------------------------------------------------------------- backward
@@ -253,12 +271,12 @@ def reference_relevance(
             r_kq = 0.5 * r_tqk.sum(1).permute(1, 0, 2)
             r_kr = r_kq.reshape(t_len, n_kv, group, d_head).sum(2)
         if rotary:
-            rd = cfg.rotary_dim
+            rd = rotary_facts(model)[0]
             r_q = rotate_relevance(st["q"], st["qr"], r_qr, cos, sin, rd)
             r_k = rotate_relevance(st["k"], st["kr"], r_kr, cos, sin, rd)
         else:
             r_q, r_k = r_qr, r_kr
-        w_k, w_v = (at._W_K, at._W_V) if n_kv != n_heads else (at.W_K, at.W_V)
+        w_k, w_v, _, _ = key_value_weights(at, n_kv != n_heads)
         x1 = st["n1"].y
         r_x1 = torch.zeros_like(x1)
         for h in range(n_heads):

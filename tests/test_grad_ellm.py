@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from lens_attrib import Target
+from lens_attrib.backend import is_encoder
 from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import TargetError
 from lens_attrib.tiny_models import TINY_DECODERS, tiny_bert, tiny_gpt2, tiny_llama
+from tests.tl_versions import BRIDGE
 
 PROMPT = "the keys to the cabinet near the door"
 TOL = dict(rtol=1e-9, atol=1e-12)
@@ -18,7 +20,7 @@ TOL = dict(rtol=1e-9, atol=1e-12)
 
 def hand_grad_ellm(model, prompt, layers, similarity, token=None, position=-1):
     """Grad-ELLM written out with loops; w from a zero perturbation added at hook_z."""
-    encoder = model.__class__.__name__ == "HookedEncoder"
+    encoder = is_encoder(model)
     with model_guard(model), torch.enable_grad():
         batch = to_batch(model, prompt)
         tokens = batch.tokens
@@ -64,9 +66,11 @@ def hand_grad_ellm(model, prompt, layers, similarity, token=None, position=-1):
             for h in range(n_heads)
         ]
         # the GQA mapping h -> h // group reproduces the model's own pattern
-        scale = model.blocks[L].attn.attn_scale
+        # TransformerLens 3.9's attn_scale; a bridge runs Hugging Face's √d_head (the pattern
+        # check below holds the model to it)
+        scale = model.cfg.d_head**0.5 if BRIDGE else model.blocks[L].attn.attn_scale
         for h in range(n_heads):
-            row = torch.tensor([s[h][i] / scale for i in keys]).softmax(-1)
+            row = torch.tensor([s[h][i] / scale for i in keys], dtype=torch.float64).softmax(-1)
             pat = cache[a + "hook_pattern"][0, h, p, keys]
             torch.testing.assert_close(row.to(pat.dtype), pat, rtol=1e-8, atol=1e-10)
 

@@ -33,16 +33,20 @@ def _by_hand(model, text, foil=None):
     tokens = to_batch(model, [text]).tokens
     store = {}
 
-    def keep(x, hook):
-        if "embed" in hook.name:  # leaves; z stays in the graph (non-leaf)
-            x = x.detach().requires_grad_(True)
-        store[hook.name] = x
-        return x
+    def keeper(name):
+        # the name is bound here, not read from hook.name (a bridge reports its own names)
+        def keep(x, hook):
+            if "embed" in name:  # leaves; z stays in the graph (non-leaf)
+                x = x.detach().requires_grad_(True)
+            store[name] = x
+            return x
+
+        return keep
 
     names = ["hook_embed", "hook_pos_embed"] + [
         f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)
     ]
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keep) for n in names]):
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keeper(n)) for n in names]):
         logits = model(tokens)[0, -1]
         y = int(logits.argmax())
         f = logits[y] - (logits[model.tokenizer.convert_tokens_to_ids(foil)] if foil else 0)

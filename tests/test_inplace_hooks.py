@@ -27,10 +27,16 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 from lens_attrib import METHODS, Target, attribute
-from lens_attrib.fastpath import CopyingHookPoint, enable_fast_forward
+from lens_attrib.fastpath import (
+    CopyingHookPoint,
+    enable_fast_forward,
+    saved_output_hook_points,
+    unprotect_saved_outputs,
+)
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.inputs import to_batch
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama
+from tests.tl_versions import BRIDGE
 
 F64 = torch.float64
 RTOL = 1e-12
@@ -86,18 +92,22 @@ EDITS: dict[str, Callable[[torch.Tensor, str], None]] = {
 }
 
 
-def in_place(edit: Callable[[torch.Tensor, str], None]) -> Callable[..., torch.Tensor]:
+def in_place(edit: Callable[[torch.Tensor, str], None], point: str) -> Callable[..., torch.Tensor]:
+    """The user's hook at ``point`` (the name bound here: a bridge's ``hook.name`` is its own)."""
+
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
-        edit(x, hook.name)
+        edit(x, point)
         return x
 
     return hook
 
 
-def clone_then_edit(edit: Callable[[torch.Tensor, str], None]) -> Callable[..., torch.Tensor]:
+def clone_then_edit(
+    edit: Callable[[torch.Tensor, str], None], point: str
+) -> Callable[..., torch.Tensor]:
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
         x = x.clone()
-        edit(x, hook.name)
+        edit(x, point)
         return x
 
     return hook
@@ -115,21 +125,38 @@ def _one_thread() -> Iterator[None]:
 _models: dict[str, Any] = {}
 
 
+# The hook points of a block under TransformerLens 3.9's names (a bridge resolves them as aliases
+# and adds its own names for the same modules: ``hook_in``/``hook_out``, ``attn.q.hook_out``, …).
+HOOKED_POINTS = (
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k",
+    "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
+    "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid", "ln2.hook_scale",
+    "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post",
+    "hook_mlp_out", "hook_resid_post",
+)  # fmt: skip
+
+
 def model_named(name: str) -> Any:
-    """The tiny float64 model ``name`` with the fast path on, as ``load_model`` returns models."""
+    """The tiny float64 model ``name`` as ``load_model`` returns models: on TransformerLens 3.9
+    with the fast path on; a TransformerBridge runs Hugging Face's forward as it is."""
     if name not in _models:
-        _models[name] = enable_fast_forward(BUILDERS[name](seed=1, dtype=F64))
+        model = BUILDERS[name](seed=1, dtype=F64)
+        _models[name] = model if BRIDGE else enable_fast_forward(model)
     return _models[name]
 
 
 def points_of_block(name: str) -> list[str]:
-    """Every hook point of block ``LAYER`` that fires in a forward of ``name``."""
+    """Every hook point of block ``LAYER`` (TransformerLens 3.9's names) that fires in a forward
+    of ``name``."""
     model = model_named(name)
     prefix = f"blocks.{LAYER}."
     _, cache = model.run_with_cache(
         to_batch(model, PROMPTS).tokens, names_filter=lambda n: n.startswith(prefix)
     )
-    points = sorted(cache.keys())
+    points = sorted(p for p in cache.keys() if p.removeprefix(prefix) in HOOKED_POINTS)
+    if BRIDGE:  # a bridge's hook_resid_mid is ln2's input only (backend_bridge's docstring): an
+        # in-place edit also reaches the residual that shares the tensor, a returned one not
+        points.remove(prefix + "hook_resid_mid")
     if name == "gpt2_relu":
         points = [p for p in points if p.endswith(RELU_POINTS)]
     return points
@@ -186,6 +213,7 @@ def user_backward(model: Any, point: str, hook: Callable[..., Any]) -> dict[str,
     unpadded (fused kernel, ``is_causal``), then the padded batch (fused kernel with a mask)."""
     are, is_ = (model.tokenizer.convert_tokens_to_ids(t) for t in ("are", "is"))
     grads: dict[str, torch.Tensor] = {}
+    unused = unused_parameters(model)
     with user_hook(model, point, hook):
         for kind, batch in (
             ("single", to_batch(model, PROMPTS[:1])),
@@ -195,10 +223,24 @@ def user_backward(model: Any, point: str, hook: Callable[..., Any]) -> dict[str,
             logits = model(batch.tokens, **batch.model_kwargs())
             (logits[:, -1, are] - logits[:, -1, is_]).sum().backward()
             for name, param in model.named_parameters():
+                if name in unused:
+                    assert param.grad is None, name
+                    continue
                 assert param.grad is not None, name
                 grads[f"{kind}/{name}"] = param.grad
                 param.grad = None
     return grads
+
+
+def unused_parameters(model: Any) -> set[str]:
+    """Parameters no forward reads: none on TransformerLens 3.9; on a GPT-2 bridge the fused
+    ``c_attn`` (``attn.qkv``) weight and bias it keeps beside the split q/k/v it runs."""
+    tokens = to_batch(model, PROMPTS[:1]).tokens
+    model(tokens)[:, -1].square().sum().backward()
+    unused = {n for n, p in model.named_parameters() if p.grad is None}
+    model.zero_grad(set_to_none=True)
+    assert all(".attn.qkv." in n for n in unused) if BRIDGE else not unused, unused
+    return unused
 
 
 def _model_state(model: Any) -> dict[str, Any]:
@@ -232,18 +274,21 @@ def test_every_kind_of_hook_point_is_covered() -> None:
         "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
         "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
     ):  # fmt: skip
+        if BRIDGE and suffix == "hook_resid_mid":
+            continue
         assert block + suffix in gpt2 and block + suffix in llama, suffix
     assert {
         block + s for s in ("attn.hook_rot_q", "attn.hook_rot_k", "mlp.hook_pre_linear")
     } <= llama
-    assert type(model_named("gpt2_relu").blocks[LAYER].mlp.hook_post) is CopyingHookPoint
+    if not BRIDGE:  # the 3.9 fast path's copying hook point where a kernel saves its output
+        assert type(model_named("gpt2_relu").blocks[LAYER].mlp.hook_post) is CopyingHookPoint
 
 
 @pytest.mark.parametrize(("model_name", "point", "edit"), _cases())
 def test_in_place_edit_equals_clone_then_edit(model_name: str, point: str, edit: str) -> None:
     model = model_named(model_name)
     before = _model_state(model)
-    edited, reference = in_place(EDITS[edit]), clone_then_edit(EDITS[edit])
+    edited, reference = in_place(EDITS[edit], point), clone_then_edit(EDITS[edit], point)
     got, want = method_results(model, point, edited), method_results(model, point, reference)
     _assert_same_state(model, before)
     got |= user_backward(model, point, edited)
@@ -259,7 +304,7 @@ def test_the_edit_is_not_a_no_op() -> None:
     model = model_named("llama")
     point = f"blocks.{LAYER}.attn.hook_z"
     plain = method_results(model, point, lambda x, hook: None)
-    edited = method_results(model, point, in_place(_zero_head))
+    edited = method_results(model, point, in_place(_zero_head, point))
     key = "grad_x_input{}/scores"
     assert _max_relative(edited[key], plain[key]) > 1e-3
 
@@ -267,12 +312,14 @@ def test_the_edit_is_not_a_no_op() -> None:
 def _backward_with(model: Any, register: Callable[[Any], Any]) -> dict[str, torch.Tensor]:
     """Parameter gradients of one unpadded backward with the hook that ``register`` installs."""
     tokens = to_batch(model, PROMPTS[:1]).tokens
+    unused = unused_parameters(model)
     handle = register(model)
     try:
         model(tokens)[:, -1].square().sum().backward()
     finally:
         handle.remove()
-    grads = {n: p.grad for n, p in model.named_parameters()}
+    grads = {n: p.grad for n, p in model.named_parameters() if n not in unused}
+    assert all(g is not None for g in grads.values())
     model.zero_grad(set_to_none=True)
     return grads
 
@@ -309,11 +356,13 @@ def test_pre_and_global_hooks_may_edit_in_place(point: str, kind: str) -> None:
 def test_plain_transformer_lens_model_is_protected_inside_a_call() -> None:
     """Without the fast path, the model guard makes ``hook_scale`` safe for the call only."""
     model = tiny_llama(seed=1, dtype=F64)
+    if BRIDGE:  # load_model protects a bridge's points for good: as a user's own bridge, without
+        unprotect_saved_outputs(saved_output_hook_points(model))
     point = f"blocks.{LAYER}.ln2.hook_scale"
     assert type(model.hook_dict[point]) is HookPoint
     before = _model_state(model)
     results = []
-    for hook in (in_place(_halve_slice), clone_then_edit(_halve_slice)):
+    for hook in (in_place(_halve_slice, point), clone_then_edit(_halve_slice, point)):
         with user_hook(model, point, hook):
             results.append(attribute(model, PROMPTS, TARGET, method="grad_x_input").scores)
     assert _max_relative(results[0], results[1]) <= RTOL

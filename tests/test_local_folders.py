@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from lens_attrib import load_model
-from lens_attrib.backend import has_lm_head, is_encoder
+from lens_attrib.backend import arch_of, final_residual, has_lm_head, is_encoder
 from lens_attrib.tiny_models import tiny_tokenizer
+from tests.tl_versions import BRIDGE, hooked_only
 
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 
@@ -181,6 +182,19 @@ def _inputs(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones_like(ids)
 
 
+def _computing_buffers(model: Any, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The floating buffers the forward computes with. A float64 bridge keeps Hugging Face's
+    float32 rotary ``inv_freq`` buffers and computes its angles from the float64 copy that
+    ``exact_float64`` puts beside them (``lens_attrib_inv_freq``), which is checked here."""
+    skip = set()
+    if BRIDGE and dtype == torch.float64:
+        for name, module in model.named_modules():
+            if hasattr(module, "lens_attrib_inv_freq"):
+                assert module.lens_attrib_inv_freq.dtype == torch.float64, name
+                skip |= {f"{name}.inv_freq", f"{name}.original_inv_freq"}
+    return [b for n, b in model.named_buffers() if b.is_floating_point() and n not in skip]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("arch", sorted(CHECKPOINTS))
 def test_local_folder_matches_transformers(folders, arch, dtype):
@@ -189,12 +203,12 @@ def test_local_folder_matches_transformers(folders, arch, dtype):
     assert is_encoder(model) == (arch in ENCODERS)
     assert has_lm_head(model) == (arch != "bert_encoder")
     assert all(p.dtype == dtype for p in model.parameters())
-    assert all(b.dtype == dtype for b in model.buffers() if b.is_floating_point())
+    assert all(b.dtype == dtype for b in _computing_buffers(model, dtype))
     hf_model = _reference(folder, arch, dtype)
     ids, mask = _inputs(model)
     with torch.no_grad():
-        if arch == "bert_encoder":
-            ours = model.encoder_output(ids, None, mask)
+        if arch == "bert_encoder":  # the final residual (HookedEncoder.encoder_output on 3.9)
+            ours = final_residual(model, arch_of(model), ids, mask.bool(), padded=True)
             ref = hf_model(input_ids=ids, attention_mask=mask).last_hidden_state
         elif arch == "bert_mlm":
             ours = model(ids, one_zero_attention_mask=mask)
@@ -212,6 +226,11 @@ def test_gpt2_context_comes_from_n_positions(folders):
     assert model.cfg.n_ctx == 64 and model.cfg.positional_embedding_type == "standard"
 
 
+@hooked_only(
+    "the HookedEncoder loader fills a BertModel folder's missing MLM head with NaN; a bridge "
+    "has no such weights to fill and says so through Arch.lm_head (has_lm_head is False: "
+    "test_local_folder_matches_transformers; refusals: test_bridge_encoder_folders)"
+)
 def test_bert_encoder_folder_has_no_usable_heads(folders):
     """A BertModel folder has no MLM head: its parameters hold NaN so any use is loudly wrong."""
     model = load_model(str(folders["bert_encoder"]))

@@ -11,6 +11,7 @@ from lens_attrib.inputs import to_batch
 from lens_attrib.methods.registry import attribute
 from lens_attrib.target import TargetError
 from lens_attrib.tiny_models import TINY_DECODERS, tiny_bert, tiny_gpt2
+from tests.tl_versions import BRIDGE
 
 PROMPTS = ["the dog near the cabinets sees", "the keys to the cabinet", "a man"]
 F64 = dict(rtol=1e-10, atol=1e-10)
@@ -121,6 +122,14 @@ def test_regression_and_class_head():
     assert reg.scores[0, -1] == 0
 
 
+def mlm_logits(model, resid):
+    """The MLM head on ``resid``: HookedEncoder's ``mlm_head`` + ``unembed``; a bridge's
+    Hugging Face ``cls`` head (its ``mlm_head`` attribute is only the transform's dense)."""
+    if BRIDGE:
+        return model.original_model.cls(resid)
+    return model.unembed(model.mlm_head(resid))
+
+
 def test_encoder_mlm_head_and_hook_full_embed():
     model = tiny_bert(dtype=torch.float64)
     prompt = "the dog sees a cat"
@@ -133,7 +142,7 @@ def test_encoder_mlm_head_and_hook_full_embed():
     for layer in range(model.cfg.n_layers):
         resid = cache[f"blocks.{layer}.hook_normalized_resid_post"]
         with torch.no_grad():
-            ref = model.unembed(model.mlm_head(resid))[0, :, tok]
+            ref = mlm_logits(model, resid)[0, :, tok]
         torch.testing.assert_close(a.layer_scores[0, layer], norm * ref, **F64)
     with torch.no_grad():
         final = model(batch.tokens)[0, 2, tok]

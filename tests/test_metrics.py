@@ -17,6 +17,7 @@ from lens_attrib.evaluation.metrics import METRICS, MetricRecord, ScoreOptions, 
 from lens_attrib.evaluation.plausibility import degenerate, plausibility
 from lens_attrib.scoring import contrastive_scores, correctness
 from lens_attrib.tiny_models import tiny_llama
+from tests.tl_versions import BRIDGE
 
 SOFT = {"pis": (0.3, 0.6), "n_draws": 2}
 
@@ -43,6 +44,17 @@ def _values(records, name):
     return torch.tensor([r.value for r in records if r.name == name], dtype=torch.float64)
 
 
+def _same_forward_values(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal, on TransformerLens 3.9 bit for bit; on a bridge to float64 rounding (1e-12 of the
+    largest |value|): ``score``'s shared clean forward keeps the attention patterns for the soft
+    metrics, and a bridge's attention takes its eager kernel when a pattern is observed and the
+    fused one when not (``backend_bridge._fused_forward``), so the clean logits differ by
+    rounding (~2e-15 relative) from those of ``aopc`` called alone."""
+    if not BRIDGE:
+        return torch.equal(got, want)
+    return float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+
+
 def test_score_equals_the_metric_functions(model, items, attr):
     evidence = [item_evidence(model, it) for it in items]
     names = ["pointing_game", "mrr", "degenerate", "comprehensiveness", "sufficiency",
@@ -56,13 +68,15 @@ def test_score_equals_the_metric_functions(model, items, attr):
     assert torch.equal(_values(got, "mrr"), plaus["mrr"])
     assert torch.equal(_values(got, "degenerate"), degenerate(attr).double())
     res = faithfulness.aopc(model, attr, fractions=(0.25, 0.5), max_batch=5)
-    assert torch.equal(_values(got, "comprehensiveness"), res.comprehensiveness)
-    assert torch.equal(_values(got, "comprehensiveness@0.5"), res.comprehensiveness_k[:, 1])
+    assert _same_forward_values(_values(got, "comprehensiveness"), res.comprehensiveness)
+    assert _same_forward_values(
+        _values(got, "comprehensiveness@0.5"), res.comprehensiveness_k[:, 1]
+    )
     dyn = soft.soft_metrics(model, attr, seed=3, max_batch=5, **SOFT)
     fixed = soft.soft_metrics(model, attr, seed=3, max_batch=5, routing="fixed", **SOFT)
-    assert torch.equal(_values(got, "pi_soft_nc"), dyn.pi_soft_nc)
-    assert torch.equal(_values(got, "pi_soft_ns@0.3"), dyn.pi_ns_curve[:, 0])
-    assert torch.equal(_values(got, "soft_ns_fixed"), fixed.soft_ns)
+    assert _same_forward_values(_values(got, "pi_soft_nc"), dyn.pi_soft_nc)
+    assert _same_forward_values(_values(got, "pi_soft_ns@0.3"), dyn.pi_ns_curve[:, 0])
+    assert _same_forward_values(_values(got, "soft_ns_fixed"), fixed.soft_ns)
     # items inside, one record per item × metric (× point)
     assert [r.item for r in got if r.name == "mrr"] == [0, 1, 2]
     assert len(got) == 3 * (len(names) + 2)  # two curves of two points each
@@ -95,7 +109,7 @@ def test_score_reads_the_targets_own_head(model, items):
     assert attr.target.head is head and attr[1:].target.head is head
     got = score(model, attr, ["comprehensiveness", "accuracy_perturbation"], gold=[0, 1, 1])
     res = faithfulness.aopc(model, attr, head=head, gold=torch.tensor([0, 1, 1]))
-    assert torch.equal(_values(got, "comprehensiveness"), res.comprehensiveness)
+    assert _same_forward_values(_values(got, "comprehensiveness"), res.comprehensiveness)
     assert torch.equal(_values(got, "accuracy_perturbation"), res.accuracy)
     own = faithfulness.aopc(
         model, attr, head=lambda x: model.unembed(model.ln_final(x[:, None]))[:, 0]

@@ -10,8 +10,10 @@ import torch
 from test_local_folders import float64_throughout
 
 from lens_attrib import ModelError, attribute, load_model
+from lens_attrib.backend import arch_of, final_residual
 from lens_attrib.models import architecture, smollm2_hf_from_gguf
 from lens_attrib.tiny_models import TINY_DECODERS, tiny_bert
+from tests.tl_versions import rotary_facts
 
 PROMPTS = [
     "The capital of France is",
@@ -65,7 +67,7 @@ def test_smollm2_architecture_and_paris(smollm2):
     facts = architecture(smollm2)
     assert facts["gqa"] and facts["n_kv_heads"] == 3 and facts["n_heads"] == 9
     assert facts["rotary"] and facts["normalization"] == "RMS" and facts["n_layers"] == 30
-    assert smollm2.cfg.rotary_base == 100000
+    assert rotary_facts(smollm2)[1] == 100000
     ids = smollm2.tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         for _ in range(2):
@@ -85,7 +87,10 @@ def test_minilm_matches_bert_last_hidden_state(minilm):
     enc = tok(["A man is playing a guitar.", "Paris is lovely"], return_tensors="pt", padding=True)
     with torch.no_grad():
         ref = bert(**enc).last_hidden_state
-        ours = minilm.encoder_output(enc.input_ids, None, enc.attention_mask)
+        # the final residual through the backend (HookedEncoder.encoder_output on 3.9)
+        ours = final_residual(
+            minilm, arch_of(minilm), enc.input_ids, enc.attention_mask.bool(), padded=True
+        )
     real = enc.attention_mask.bool()
     assert float((ref - ours)[real].abs().max()) <= 1e-4
 
@@ -139,7 +144,7 @@ def test_tiny_decoders_have_their_architecture(name):
         assert facts["gqa"] and facts["rotary"] and facts["gated_mlp"]
         assert facts["normalization"] == "RMS"
     if name == "pythia":
-        assert facts["parallel"] and model.cfg.rotary_dim < model.cfg.d_head
+        assert facts["parallel"] and rotary_facts(model)[0] < model.cfg.d_head
     if name == "gpt2":
         assert facts["positional"] == "standard" and facts["normalization"] == "LN"
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from lens_attrib import ModelError, load_model
+from lens_attrib.backend import arch_of, final_residual
+from tests.tl_versions import BRIDGE, hooked_only
 
 HALF = [torch.bfloat16, torch.float16]
 PROMPT = "The capital of France is"
@@ -25,8 +27,17 @@ def smollm2_half(request):
 def _check_dtype_throughout(model, dtype):
     assert model.cfg.dtype == dtype
     assert {p.dtype for p in model.parameters()} == {dtype}
-    floating = {b.dtype for b in model.buffers() if b.is_floating_point()}
-    assert floating == {dtype}
+    floating = {b.dtype for n, b in model.named_buffers() if b.is_floating_point()}
+    if BRIDGE and dtype != torch.float64:
+        # a bridge runs Hugging Face's rotary module, whose inv_freq buffers transformers keeps
+        # in float32 whatever the model's dtype (its angles are float32, then cast)
+        floating = {
+            b.dtype
+            for n, b in model.named_buffers()
+            if b.is_floating_point() and not n.endswith("inv_freq")
+        }
+    # a BERT bridge holds no floating buffer at all
+    assert floating <= {dtype} if BRIDGE else floating == {dtype}
 
 
 def test_half_smollm2_is_half_throughout(smollm2_half):
@@ -53,6 +64,10 @@ def test_half_smollm2_forward_is_close_to_float32(smollm2, smollm2_half):
     assert float((half.float() - full).abs().max()) <= 0.05 * spread
 
 
+@hooked_only(
+    "load_model unties SmolLM2's unembedding into a parameter of its own in HookedTransformer's "
+    "layout; a bridge runs the Hugging Face module, whose lm_head is tied to the embedding"
+)
 def test_smollm2_tied_unembedding_is_an_independent_parameter(smollm2_half):
     """Tied values in memory of their own, as in plain TransformerLens (test_tl_operations.py)."""
     model = smollm2_half
@@ -74,7 +89,10 @@ def test_minilm_float64_matches_bert_float64():
     enc = tok(["A man is playing a guitar.", "Paris is lovely"], return_tensors="pt", padding=True)
     with torch.no_grad():
         ref = bert.eval()(**enc).last_hidden_state
-        ours = minilm.encoder_output(enc.input_ids, None, enc.attention_mask)
+        # the final residual through the backend (HookedEncoder.encoder_output on 3.9)
+        ours = final_residual(
+            minilm, arch_of(minilm), enc.input_ids, enc.attention_mask.bool(), padded=True
+        )
     real = enc.attention_mask.bool()
     assert float((ref - ours)[real].abs().max()) <= 1e-10
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_attrib.backend import arch_of, final_residual
 from lens_attrib.forward import grad_context
 from lens_attrib.hooks.guard import model_state_fingerprint
 from lens_attrib.hooks.masking import head_mask_hooks, item_head_mask_hooks
@@ -116,7 +117,8 @@ def test_pruning_every_head_leaves_mlp_and_embedding_paths(arch):
 
     # hooks that replace every attention output by its bias alone (an attention-free model)
     def only_bias(out, hook, layer):
-        return model.blocks[layer].attn.b_O.expand_as(out).clone()
+        bias = model.blocks[layer].attn.b_O  # None on a bridge of a bias-free Llama
+        return torch.zeros_like(out) if bias is None else bias.expand_as(out).clone()
 
     bias_hooks = [
         (
@@ -402,9 +404,9 @@ def test_grad_x_input_no_relu_is_the_derivative_of_a_head_mask():
             for layer in range(model.cfg.n_layers)
         ]
         for batch, target in zip(task.batches, task.targets()):
-            with model.hooks(fwd_hooks=scale_z):
-                resid = model(
-                    batch.tokens, stop_at_layer=model.cfg.n_layers, **batch.model_kwargs()
+            with model.hooks(fwd_hooks=scale_z):  # the final residual, through the backend
+                resid = final_residual(
+                    model, arch_of(model), batch.tokens, batch.mask, batch.padded
                 )
             value, *_ = target.evaluate(model, batch, resid)
             total = total + value.sum()

@@ -7,9 +7,17 @@ import torch
 
 from lens_attrib import OptionError, Target, TargetError, attribute
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_tokenizer
+from tests.tl_versions import hooked_only
 
 F64 = torch.float64
 PROMPTS = ["the keys to the cabinet", "the author near the books is", "a dog sees the cats"]
+
+
+PLANTED = hooked_only(
+    "the planted model is a norm-free GPT-2 written through HookedTransformer's weights; no "
+    "GPT2LMHeadModel checkpoint expresses it (tiny_checkpoints refuses normalization_type=None). "
+    "ReAGent on a bridge: the other tests of this file"
+)
 
 
 def planted_model():
@@ -49,6 +57,7 @@ def head_of(model):
     return lambda x: model.unembed(x[:, None, :])[:, 0, :]
 
 
+@PLANTED
 @pytest.mark.parametrize("replacer", ["uniform", "model"])
 @pytest.mark.parametrize("contrastive", [False, True])
 def test_the_token_a_planted_rule_reads_ranks_first(replacer, contrastive):
@@ -104,6 +113,7 @@ def test_special_tokens_and_later_tokens_are_not_perturbed():
     torch.testing.assert_close(attr.scores[0, 1:4].sum(), torch.tensor(1.0, dtype=F64))
 
 
+@PLANTED
 def test_a_local_masked_lm_folder_replaces_tokens(tmp_path):
     from transformers import BertConfig, BertForMaskedLM
 

@@ -19,6 +19,7 @@ from lens_attrib import METHODS, InputError, Target, attribute
 from lens_attrib.evaluation.faithfulness import aopc
 from lens_attrib.inputs import to_batch
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2
+from tests.tl_versions import BRIDGE
 
 F64 = torch.float64
 PAIR = ("the cat sat on the mat", "a dog is near the door")
@@ -38,14 +39,17 @@ def bert() -> Any:
 @contextmanager
 def segments_by_hook(model: Any, types: torch.Tensor) -> Iterator[None]:
     """Replace the segment embedding by ``W_token_type[types]`` (rows repeat over the batch)."""
-    weight = model.embed.token_type_embed.W_token_type
+    if BRIDGE:  # the BERT bridge's segment table is a component of its own, with its own hook
+        weight, name = model.token_type_embed.W_E, "token_type_embed.hook_out"
+    else:
+        weight, name = model.embed.token_type_embed.W_token_type, "embed.hook_token_type_embed"
 
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
         rows = types.to(x.device)
         rows = rows.expand(x.shape[0], -1) if rows.shape[0] == 1 else rows
         return weight[rows[:, : x.shape[1]]]
 
-    model.add_hook("embed.hook_token_type_embed", hook)
+    model.add_hook(name, hook)
     try:
         yield
     finally:

@@ -117,11 +117,14 @@ def test_binary_scores_match_deterministic_hand_computation(llama, attr):
     bos = llama.tokenizer.bos_token_id
 
     def probs(keep: torch.Tensor) -> torch.Tensor:
+        """The item's real tokens only (its left padding dropped: how an unmasked pad token is
+        treated is the backend's business, TransformerLens 3.9 infers a mask, a bridge not)."""
+
         def hook(x, hook):
-            return x * keep[None, :, None]
+            return x * keep[real][None, :, None]
 
         with torch.no_grad(), llama.hooks(fwd_hooks=[("hook_embed", hook)]):
-            logits = llama(ids[None])
+            logits = llama(ids[real][None])
         return torch.softmax(logits[0, -1], -1)
 
     n = ids.shape[0]
@@ -140,8 +143,12 @@ def test_binary_scores_match_deterministic_hand_computation(llama, attr):
 def test_fixed_routing_reproduces_clean_logits_exactly(llama):
     tokens = llama.to_tokens(["the keys to the cabinet"])
     with torch.no_grad():
-        clean = llama(tokens)
         patterns = cache_patterns(llama, tokens)
+        # the clean run observes the same patterns (a do-nothing hook): a bridge's attention
+        # takes its eager kernel where a pattern is observed, the fused one where not
+        observe = [(name, lambda x, hook: None) for name in patterns]
+        with llama.hooks(fwd_hooks=observe):
+            clean = llama(tokens)
         with llama.hooks(fwd_hooks=fixed_routing_hooks(patterns)):
             replayed = llama(tokens)
         # broadcast over several draws of one item

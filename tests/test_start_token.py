@@ -33,6 +33,7 @@ from lens_attrib.inputs import (
 )
 from lens_attrib.scoring import contrastive_scores
 from lens_attrib.tiny_models import tiny_bert, tiny_llama, tiny_tokenizer
+from tests.tl_versions import BRIDGE
 
 F64 = torch.float64
 PROMPT = "the keys to the cabinet"
@@ -48,7 +49,12 @@ def smol_like(dtype: torch.dtype = F64) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = tiny_llama(dtype=dtype, default_prepend_bos=False, d_vocab=len(tokenizer))
-    model.tokenizer = tokenizer
+    if BRIDGE:  # the bridge's tokenizer setter re-loads a tokenizer by name: keep this one
+        from lens_attrib.backend_bridge import use_tokenizer
+
+        use_tokenizer(model, tokenizer)
+    else:
+        model.tokenizer = tokenizer
     return model
 
 

@@ -29,6 +29,7 @@ from lens_attrib import Target, attribute, load_model
 from lens_attrib.fastpath import enable_fast_forward, is_fast_forward
 from lens_attrib.models import quiet_deprecation, share_equal_rotary_tables
 from lens_attrib.tiny_models import tiny_gpt2, tiny_llama, tiny_tokenizer
+from tests.tl_versions import hooked_only, process_weights
 
 F64 = torch.float64
 PROCESSED = 1e-6  # float32 processing (ε = 6e-8) of a float64 model: see the processing tests
@@ -36,6 +37,13 @@ TEXT = "the keys to the cabinet are near the dog"
 
 
 # --------------------------------------------------------------------------- helpers
+THREE_NINE = hooked_only(
+    "compares load_model's model with a plain HookedTransformer built by TransformerLens 3.9's "
+    "own converter under 3.9's operations (process_weights_, the fast path, untied views); a "
+    "bridge runs the Hugging Face module itself"
+)
+
+
 def _plain(cfg: Any, state_dict: dict[str, torch.Tensor]) -> Any:
     """A plain HookedTransformer from ``cfg`` holding ``state_dict`` (``load_state_dict``)."""
     from transformer_lens import HookedTransformer
@@ -143,6 +151,7 @@ def tiny(tied_folder: Path) -> tuple[Any, Any, torch.Tensor]:
     return ours, plain, ids
 
 
+@THREE_NINE
 def test_loaded_tied_model_stores_nothing_twice(tiny):
     ours, plain, _ = tiny
     assert torch.equal(ours.W_U, ours.W_E.T)  # tied values ...
@@ -160,10 +169,11 @@ def test_loaded_tied_model_stores_nothing_twice(tiny):
     ],
     ids=["defaults", "fold_ln", "center_unembed"],
 )
+@THREE_NINE
 def test_process_weights_matches_plain_tiny(tiny, kwargs):
     ours, plain, ids = tiny
     for model in (ours, plain):
-        model.process_weights_(**kwargs)
+        process_weights(model, **kwargs)
     assert ours.cfg.normalization_type == plain.cfg.normalization_type
     # TransformerLens 3.9 processes every weight in float32, also a float64 model's; reductions
     # (the vocabulary mean of W_U) then sum in the order of each model's layout: float32 rounding
@@ -172,6 +182,7 @@ def test_process_weights_matches_plain_tiny(tiny, kwargs):
     assert is_fast_forward(ours)  # processing copies into the parameters: layout kept
 
 
+@THREE_NINE
 def test_fold_layer_norm_matches_plain(tiny):
     ours, plain, ids = tiny
     for model in (ours, plain):
@@ -191,6 +202,7 @@ def _untied_state_dict(plain: Any) -> dict[str, torch.Tensor]:
     return state
 
 
+@THREE_NINE
 def test_load_state_dict_matches_plain(tiny):
     ours, plain, ids = tiny
     state = _untied_state_dict(plain)
@@ -201,6 +213,7 @@ def test_load_state_dict_matches_plain(tiny):
     assert is_fast_forward(ours)
 
 
+@THREE_NINE
 def test_load_state_dict_assign_matches_plain(tiny):
     """``assign=True`` gives the model the loaded tensors themselves (as TransformerLens does):
     outputs stay right; the copy-free layout is the loaded tensors' until enable_fast_forward."""
@@ -226,6 +239,7 @@ def test_load_state_dict_assign_matches_plain(tiny):
     ],
     ids=["to_float32", "to_float16", "to_float32_then_double"],
 )
+@THREE_NINE
 def test_dtype_casts_match_plain(tiny, cast, dtype, rel):
     ours, plain, ids = tiny
     cast(ours)
@@ -237,6 +251,7 @@ def test_dtype_casts_match_plain(tiny, cast, dtype, rel):
     assert is_fast_forward(ours)  # casts keep each parameter's strides
 
 
+@THREE_NINE
 @pytest.mark.parametrize("cast", ["float", "half"])
 def test_narrowing_module_casts_fail_as_on_plain(tiny, cast):
     """``.float()``/``.half()`` of a float64 model leave ``cfg.dtype`` at float64, and
@@ -253,6 +268,7 @@ def test_narrowing_module_casts_fail_as_on_plain(tiny, cast):
     assert is_fast_forward(ours)
 
 
+@THREE_NINE
 def test_generate_matches_plain(tiny):
     ours, plain, ids = tiny
     kwargs = {"max_new_tokens": 6, "do_sample": False, "stop_at_eos": False, "verbose": False}
@@ -260,6 +276,7 @@ def test_generate_matches_plain(tiny):
     assert is_fast_forward(ours)
 
 
+@THREE_NINE
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
 def test_optimizer_step_matches_plain(tiny, optimizer):
     """One step updates W_E and W_U each by its own gradient (not twice through one memory)."""
@@ -275,6 +292,7 @@ def test_optimizer_step_matches_plain(tiny, optimizer):
     assert is_fast_forward(ours)
 
 
+@THREE_NINE
 def test_in_place_edit_of_W_E_leaves_W_U_alone(tiny):
     ours, plain, ids = tiny
     w_u = ours.W_U.detach().clone()
@@ -286,6 +304,7 @@ def test_in_place_edit_of_W_E_leaves_W_U_alone(tiny):
     _assert_same_logits(ours, plain, ids, 1e-12)
 
 
+@THREE_NINE
 def test_tied_bert_mlm_folder_is_untied_in_memory(tmp_path):
     """BERT's MLM decoder is tied to its word embeddings in transformers: loaded, they are two
     parameters, and an edit of one leaves the other."""
@@ -313,6 +332,7 @@ def test_tied_bert_mlm_folder_is_untied_in_memory(tmp_path):
 
 
 # --------------------------------------------------------------------------- SmolLM2 (the bug)
+@THREE_NINE
 def test_process_weights_matches_plain_smollm2():
     """Issue 26's call on the real model: ``fold_ln`` alone. TransformerLens' processing of a
     135M-parameter model takes tens of seconds on a loaded machine, so SmolLM2 runs this one
@@ -345,6 +365,7 @@ def test_process_weights_matches_plain_smollm2():
 
 
 # --------------------------------------------------------------------------- opt-in rotary sharing
+@THREE_NINE
 def test_shared_rotary_tables_stay_right_under_operations(tiny):
     ours, plain, ids = tiny
     assert share_equal_rotary_tables(ours) == 2 * (ours.cfg.n_layers - 1)
@@ -375,7 +396,7 @@ def test_warning_for_an_rms_model_states_what_processing_did():
     with torch.no_grad():  # (its random weights are float32 values: give W_E float64 digits)
         model.W_E.mul_(1.0 + 2.0**-40)
     original = copy.deepcopy(model)
-    model.process_weights_()  # fold_ln + center_unembed; center_writing_weights skipped
+    process_weights(model)  # fold_ln + center_unembed; center_writing_weights skipped
     message = _processed_warning(model)
     assert "RMSNorm's scale" in message and "exact arithmetic only" in message
     assert "center_unembed" in message and "raw logits are not" in message
@@ -390,7 +411,7 @@ def test_warning_for_an_rms_model_states_what_processing_did():
 def test_warning_for_a_layernorm_model_states_what_processing_did():
     model = tiny_gpt2(dtype=F64)
     original = copy.deepcopy(model)
-    model.process_weights_()
+    process_weights(model)
     message = _processed_warning(model)
     for phrase in (
         "LayerNorm's scale and bias",
@@ -414,7 +435,7 @@ def test_warning_for_a_layernorm_model_states_what_processing_did():
 
 def test_every_method_warns_when_centred_logits_are_explained_without_foil():
     model = tiny_llama(dtype=F64)
-    model.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=True)
+    process_weights(model, fold_ln=False, center_writing_weights=False, center_unembed=True)
     with pytest.warns(UserWarning, match="center_unembed") as caught:
         attribute(model, "the dog sees the cat", method="grad_x_input")  # reads no parametrisation
     assert any("Pass a foil" in str(w.message) for w in caught)
@@ -422,7 +443,7 @@ def test_every_method_warns_when_centred_logits_are_explained_without_foil():
         warnings.simplefilter("error")  # once per model, and never for a contrastive target
         attribute(model, "the dog sees the cat", method="gradient")
         fresh = tiny_llama(dtype=F64)
-        fresh.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=True)
+        process_weights(fresh, fold_ln=False, center_writing_weights=False, center_unembed=True)
         attribute(fresh, "the dog sees the cat", Target(token="cat", foil="dog"), method="gradient")
     unprocessed = tiny_llama(dtype=F64)
     with warnings.catch_warnings():

@@ -11,6 +11,7 @@ from lens_attrib import Target, attribute
 from lens_attrib.backend import arch_of, processing_signatures
 from lens_attrib.methods.registry import _WARNED_PROCESSED
 from lens_attrib.tiny_models import tiny_bert, tiny_gpt2, tiny_llama
+from tests.tl_versions import process_weights
 
 F64 = torch.float64
 
@@ -37,7 +38,7 @@ def test_unprocessed_models_show_no_processing(builder):
 )
 def test_processing_is_detected_and_warned_once(kwargs, phrase):
     model = tiny_gpt2(dtype=F64)
-    model.process_weights_(**kwargs)  # TransformerLens also folds value biases here
+    process_weights(model, **kwargs)  # TransformerLens also folds value biases here
     found = processing_signatures(model, arch_of(model))
     assert any(phrase in f for f in found)
     assert any("fold_value_biases" in f for f in found)
@@ -53,10 +54,10 @@ def test_processing_is_detected_and_warned_once(kwargs, phrase):
 def test_methods_that_do_not_read_the_parametrisation_do_not_warn():
     # folding and centring the writing weights leave every logit as it was: no warning
     folded = tiny_gpt2(dtype=F64)
-    folded.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=False)
+    process_weights(folded, fold_ln=True, center_writing_weights=True, center_unembed=False)
     # center_unembed moves raw logits, not logit differences: a contrastive target is unaffected
     centred = tiny_gpt2(dtype=F64)
-    centred.process_weights_()
+    process_weights(centred)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         attribute(folded, "the dog", method="grad_x_input")

@@ -15,7 +15,7 @@ import torch
 
 from lens_attrib import Target, attribute
 from lens_attrib.backend import is_encoder
-from lens_attrib.hooks.guard import model_state_fingerprint
+from lens_attrib.hooks.guard import model_guard, model_state_fingerprint
 from lens_attrib.tiny_models import TINY_DECODERS, tiny_bert
 
 PROMPTS = ["the dog sees the cat", "a man likes the keys of the cabinet near the table"]
@@ -36,10 +36,15 @@ def block_outputs(model, tokens, zero=None):
     kind = "hook_normalized_resid_post" if is_encoder(model) else "hook_resid_post"
     store = {}
 
-    def keep(x, hook):
-        store[hook.name] = x[0].clone()
+    def keeper(name):
+        # the name is bound here, not read from hook.name (a bridge reports its own names)
+        def keep(x, hook):
+            store[name] = x[0].clone()
 
-    hooks = [(f"blocks.{i}.{kind}", keep) for i in range(model.cfg.n_layers)]
+        return keep
+
+    names = [f"blocks.{i}.{kind}" for i in range(model.cfg.n_layers)]
+    hooks = [(name, keeper(name)) for name in names]
     if zero is not None:
         layer, j = zero
 
@@ -49,7 +54,8 @@ def block_outputs(model, tokens, zero=None):
             return v
 
         hooks.append((f"blocks.{layer}.attn.hook_v", zero_v))
-    with torch.no_grad():
+    # inside the model guard: a BERT bridge resolves HookedEncoder's hook names for a call
+    with torch.no_grad(), model_guard(model):
         model.run_with_hooks(tokens[None], fwd_hooks=hooks)
     return torch.stack([store[f"blocks.{i}.{kind}"] for i in range(model.cfg.n_layers)])
 

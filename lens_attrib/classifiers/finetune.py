@@ -23,7 +23,6 @@ layout of :mod:`lens_attrib.fastpath`).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lens_attrib.backend import arch_of, block
+from lens_attrib.backend import arch_of, block, deep_copy
 from lens_attrib.classifiers.frozen_prefix import (
     CHUNK_OVERHEAD,
     FrozenPrefix,
@@ -71,7 +70,7 @@ def block_parameters(model: Any, k: int) -> dict[str, nn.Parameter]:
 
 def trainable_copy(model: Any, k: int) -> Any:
     """A deep copy of ``model`` in which only the last ``k`` blocks require gradients."""
-    tuned = copy.deepcopy(model)
+    tuned = deep_copy(model)
     trained = {id(p) for p in block_parameters(tuned, k).values()}
     for param in tuned.parameters():
         param.requires_grad_(id(param) in trained)
@@ -217,7 +216,7 @@ def tuned_model(model: Any, folder: str | Path) -> Any:
     from safetensors.torch import load_file
 
     state = load_file(str(Path(folder) / BLOCKS_FILE))
-    tuned = copy.deepcopy(model)
+    tuned = deep_copy(model)
     params = block_parameters(tuned, arch_of(tuned).n_layers)
     unknown = sorted(set(state) - set(params))
     if unknown:
