@@ -30,7 +30,9 @@ Tasks (``--tasks``):
                 BLiMP files); evidence from the rules in :mod:`lens_attrib.data.blimp_evidence`.
 - ``qa``        SQuAD v2 answerable questions; target: the first token of the first gold answer,
                 kept only where it is the model's own prediction; evidence: every token of the
-                answer span in the context. Non-contrastive only (no foil).
+                answer span in the context. Non-contrastive only (no foil). Its table takes the
+                metrics over the context's tokens only (``specials = "context"``), the paper's
+                Table 1 setting; the whole prompt (question included) follows it.
 - ``linzen``    the Linzen et al. agreement set: accuracy by number of attractors only — the files
                 do not say where the subject is, so there is no ground truth (the template
                 ``sva`` task stands in for it).
@@ -111,7 +113,7 @@ from experiments.method_settings import (
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.cli import add_methods_argument, add_start_token_argument
-from lens_attrib.data import TaskItem, load_linzen_sva, load_squad_v2
+from lens_attrib.data import SQUAD_PROMPT, TaskItem, load_linzen_sva, load_squad_v2
 from lens_attrib.data.items import item_evidence_positions
 from lens_attrib.evaluation.items import ALIASES, is_blimp, load_task, method_options
 from lens_attrib.evaluation.metrics import ScoreOptions, by_metric, score
@@ -216,6 +218,9 @@ class Prepared:
     n_total: int
     n_correct: int
     note: str = ""
+    scope: list[list[int]] | None = None
+    """Per item, the token positions the metrics are taken over (qa: the context, as the paper's
+    Table 1); ``None``: every token."""
 
 
 def data_task(path: str) -> str:
@@ -312,17 +317,24 @@ def predicted(model: Any, prompts: Sequence[str], answers: Sequence[int]) -> lis
 
 
 def answer_positions(model: Any, prompt: str, spans: Sequence[tuple[int, int]]) -> list[int]:
-    """Token positions (in the model's input, its start token included) overlapping the
-    answer's character span."""
+    """Token positions (in the model's input, its start token included) overlapping the first
+    character span of ``spans`` (the answer's, or the context's)."""
     _, shift = prompt_ids(model, prompt, start_token_of(model))
     enc = model.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
     start, end = spans[0]
     return [i + shift for i, (s, e) in enumerate(enc["offset_mapping"]) if s < end and e > start]
 
 
+def context_span(item: TaskItem) -> tuple[int, int]:
+    """The character span of a SQuAD prompt's context (:data:`SQUAD_PROMPT`)."""
+    start = SQUAD_PROMPT.index("{context}")
+    return start, start + len(item.meta["context"])
+
+
 def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int) -> Prepared:
     """SQuAD v2 answerable questions the model answers with the gold answer's first token
-    (prompts of at most ``max_tokens`` tokens, the start token included)."""
+    (prompts of at most ``max_tokens`` tokens, the start token included); ``scope``: the
+    context's tokens (the paper's Table 1 evaluates qa on the context only)."""
     tok = model.tokenizer
     start = start_token_of(model)
     pool = load_squad_v2(n=n_scored * 3, seed=seed)
@@ -347,6 +359,7 @@ def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int) ->
         n_total=len(rows),
         n_correct=int(sum(correct)),
         note=f"prompts ≤ {max_tokens} tokens",
+        scope=[answer_positions(model, it.prompt, [context_span(it)]) for it, _ in kept],
     )
 
 
@@ -387,17 +400,24 @@ def prepare_tuning(
         evidence=[pool.evidence[i] for i in keep],
         n_total=pool.n_total,
         n_correct=pool.n_correct,
+        scope=[pool.scope[i] for i in keep] if pool.scope is not None else None,
     )
     check_disjoint(reported.prompts, tuning.prompts, task)
     return tuning
 
 
-def depth_criterion(args: Any, evidence: Sequence[Sequence[int]], special_ids: list[int]):
+def depth_criterion(
+    args: Any,
+    evidence: Sequence[Sequence[int]],
+    special_ids: list[int],
+    scope: Sequence[Sequence[int]] | None = None,
+):
     """The per-item criterion of ``--depth-metric`` on the tuning items: the pointing game
-    (special tokens excluded, as the table's main setting) or ``(π-Soft-NC + π-Soft-NS) / 2``
-    (dynamic routing, the π-Soft paper's grid, ``--tuning-draws`` draws, default 15)."""
+    (special tokens excluded and within ``scope``, as the table's main setting) or
+    ``(π-Soft-NC + π-Soft-NS) / 2`` (dynamic routing, the π-Soft paper's grid,
+    ``--tuning-draws`` draws, default 15)."""
     if args.depth_metric == "pointing_game":
-        options = ScoreOptions(special_ids=special_ids)
+        options = ScoreOptions(special_ids=special_ids, scope=scope)
 
         def pointing(model: Any, attr: Any) -> torch.Tensor:
             rows = score(model, attr, ["pointing_game"], evidence=list(evidence), options=options)
@@ -440,7 +460,7 @@ def grad_ellm_depth(
         task,
         tuning.prompts,
         target,
-        depth_criterion(args, tuning.evidence, special_out),
+        depth_criterion(args, tuning.evidence, special_out, tuning.scope),
         args,
         source=f"{task}, {mode} target, {tuning.n_correct} of {tuning.n_total} scored correct",
         departure=departure,
@@ -463,9 +483,12 @@ def unit_records(
     kept: dict[str, Any] | None = None,
     explained: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    scope: Sequence[Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on a batch of items in one mode, every metric, special
-    tokens counted and excluded, and for IG its per-item completeness gap
+    tokens counted ("in") and excluded ("out"), and with a ``scope`` (qa: the context's token
+    positions per item) also over the scope with special tokens excluded ("context"), and for
+    IG its per-item completeness gap
     (:func:`experiments.method_settings.gap_records`). ``kept``: receives the first item's
     Attribution (by method); ``options``: the method's options (default
     :func:`method_options`). ``explained``: the batch's Attributions of target-free methods
@@ -484,14 +507,17 @@ def unit_records(
     if kept is not None:
         kept[method] = attr[0]
     records: list[dict[str, Any]] = []
-    for specials, ids in (("in", []), ("out", special_out)):
+    passes = [("in", ScoreOptions(special_ids=[])), ("out", ScoreOptions(special_ids=special_out))]
+    if scope is not None:
+        passes.append(("context", ScoreOptions(special_ids=special_out, scope=list(scope))))
+    for specials, metric_options in passes:
         scored = by_metric(
             score(
                 model,
                 attr,
                 [*METRICS.values(), *EXTRA_METRICS, "degenerate"],
                 evidence=list(evidence),
-                options=ScoreOptions(special_ids=ids),
+                options=metric_options,
             )
         )
         flat = [bool(r.value) for r in scored.pop("degenerate")]
@@ -545,6 +571,7 @@ def score_task(
     for start in progress_bar(starts, desc=f"{task} batches", unit="batch"):
         sl = slice(start, start + batch_size)
         prompts, evidence = data.prompts[sl], data.evidence[sl]
+        scope = data.scope[sl] if data.scope is not None else None
         items = list(range(start, start + len(prompts)))
         explained: dict[str, Any] = {}  # target-free methods: one explanation per batch
         for mode, contrastive in modes:
@@ -568,6 +595,7 @@ def score_task(
                     keep,
                     explained,
                     opts[method],
+                    scope,
                 )
                 key = f"{task}:{items_id}|{method}{unit_suffix(method, opts[method])}|{mode}"
                 records += units.get(key, items, compute)
@@ -649,24 +677,32 @@ def task_table(
     return format_table(rows, header, fmt=str) + footnote
 
 
+def main_scope(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Tasks whose table is taken over a scope (qa: ``"context"``), by task."""
+    return {r["task"]: "context" for r in records if r.get("specials") == "context"}
+
+
 def figures(records: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Any]:
-    """Per task and mode (specials out): bars of each method's metrics with 95% intervals."""
+    """Per task and mode (specials out; qa over its context): bars of each method's metrics
+    with 95% intervals."""
     from lens_attrib.plot import metric_bars
     from lens_attrib.report import ci_rows
 
+    scoped = main_scope(records)
     figs = []
     for task in tasks:
+        specials = scoped.get(task, "out")
         for mode in ("contrastive", "plain"):
             picked = [
                 r
                 for r in records
-                if r["task"] == task and r["mode"] == mode and r["specials"] == "out"
+                if r["task"] == task and r["mode"] == mode and r["specials"] == specials
             ]
             if picked:
                 rows = ci_rows(picked, ["method", "metric"])
-                figs.append(
-                    metric_bars(rows, title=f"{task}: {mode} target, specials out (95% CI)")
-                )
+                title = f"{task}: {mode} target, specials out"
+                title += ", context only" if specials == "context" else ""
+                figs.append(metric_bars(rows, title=f"{title} (95% CI)"))
     return figs
 
 
@@ -764,16 +800,22 @@ def run(
         f"{', prompts start with ' + repr(prefix) if prefix else ''})",
         *setting_notes(methods, model, args),
     ]
+    scoped = main_scope(records)
     for task in counts:
         lines += [
             "",
             f"[{task}] explained {counts[task]['n_explained']} of "
             f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
-            f"{counts[task]['note']}".rstrip(),
-            task_table(summary, task, methods, "out", ci=args.ci),
+            f"{counts[task]['note']}".rstrip()
+            + ("; metrics over the context only (the paper's setting)" if task in scoped else ""),
+            task_table(summary, task, methods, scoped.get(task, "out"), ci=args.ci),
             *([depths[task].note()] if task in depths else []),
             *gap_lines(records, {"task": task}, "mode", args.ig_max_steps),
         ]
+    if scoped:
+        lines += ["", "Whole prompt (the question and the template counted; special tokens out):"]
+        for task in scoped:
+            lines += ["", f"[{task}]", task_table(summary, task, methods, "out", ci=args.ci)]
     if prefix:
         lines += ["", "Special tokens counted (specials in):"]
         for task in counts:

@@ -468,3 +468,20 @@ def test_predicted_scores_each_prompt_once_per_start_token(smollm2, monkeypatch)
     finally:
         set_start_token(smollm2, before)
     assert scored[-1] == prompts[:1]
+
+
+def test_qa_scope_is_the_context_and_holds_the_evidence(smollm2):
+    """qa's scope is the context's tokens: they decode to the context, the answer's evidence
+    lies inside it, and the question's tokens are outside it."""
+    from experiments import agreement
+
+    start = agreement.start_token_of(smollm2)
+    for item in agreement.load_squad_v2(n=6, seed=0):
+        scope = agreement.answer_positions(smollm2, item.prompt, [agreement.context_span(item)])
+        evidence = agreement.answer_positions(smollm2, item.prompt, item.meta["prompt_char_spans"])
+        ids, _ = agreement.prompt_ids(smollm2, item.prompt, start)
+        text = smollm2.tokenizer.decode([int(ids[p]) for p in scope])
+        assert text.strip() == item.meta["context"].strip()
+        assert evidence and set(evidence) <= set(scope)
+        assert scope == list(range(scope[0], scope[-1] + 1))
+        assert scope[0] >= 2 and max(scope) < len(ids) - 3  # "Question: …\nAnswer:" follows

@@ -205,6 +205,42 @@ def test_attribution_wrapper_padding_special_correct_and_layers():
         plausibility(attr, evidence, ["nope"])
 
 
+def test_scope_equals_scoring_the_sub_vector():
+    """A scope (e.g. a qa prompt's context) scores each item as if only its scope's tokens, less
+    the special ones, existed: every metric equals the metric of the sub-vector, evidence
+    re-indexed; degenerate flags look at the scope only; bad scopes are refused."""
+    rng = np.random.default_rng(5)
+    ids = torch.tensor([[0, 1, 5, 6, 7, 8, 9, 4], [1, 5, 6, 7, 8, 9, 4, 3]])
+    mask = torch.tensor([[False] + [True] * 7, [True] * 8])
+    scores = t(rng.normal(size=(2, 8)))
+    scores[1, 0:2] = 0.7  # item 1's scope (positions 3..5) is not constant
+    scores[1, 6:8] = 0.7
+    attr = _attr(scores, mask, ids)
+    evidence, scope = [[2, 3], [4]], [[0, 2, 3, 4, 5], [3, 4, 5]]  # item 0: BOS in its scope
+    names = list(PLAUSIBILITY_METRICS)
+    got = plausibility(attr, evidence, names, special_ids=[1], scope=scope)
+    for b in range(2):
+        real = scores[b][mask[b]]
+        kept = [p for p in scope[b] if int(ids[b][mask[b]][p]) != 1]
+        sub = real[kept]
+        sub_evidence = [kept.index(e) for e in evidence[b] if e in kept]
+        for name in names:
+            want = PLAUSIBILITY_METRICS[name](sub, sub_evidence, None)
+            assert float(got[name][b]) == pytest.approx(want, abs=1e-15), (b, name)
+    flat = scores.clone()
+    flat[1, 3:6] = 0.25  # constant inside item 1's scope only
+    flags = degenerate(_attr(flat, mask, ids), special_ids=[1], scope=scope)
+    assert flags.tolist() == [False, True]
+    assert degenerate(_attr(flat, mask, ids), special_ids=[1]).tolist() == [False, False]
+    assert plausibility(attr, evidence, ["mrr"], scope=[None, None])["mrr"].tolist() == (
+        plausibility(attr, evidence, ["mrr"])["mrr"].tolist()
+    )
+    with pytest.raises(ValueError, match="one list of positions"):
+        plausibility(attr, evidence, ["mrr"], scope=[[0]])
+    with pytest.raises(IndexError, match="outside"):
+        plausibility(attr, evidence, ["mrr"], scope=[[0, 7], [0]])
+
+
 # ------------------------------------------------------------------ ties: exact expectations
 RANK_METRICS = {
     "pointing_game": pointing_game,

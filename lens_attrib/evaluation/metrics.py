@@ -88,6 +88,9 @@ class ScoreOptions:
     max_batch: int = 64
     seed: int = 0
     special_ids: Sequence[int] | None = None
+    scope: Sequence[Sequence[int] | None] | None = None
+    """Plausibility metrics only: per item, the real-token positions that take part (e.g. a qa
+    prompt's context, as the decomposition paper evaluates qa); ``None``: every real token."""
     per_layer: bool = False
     aopc: Mapping[str, Any] = field(default_factory=dict)
     curves: Mapping[str, Any] = field(default_factory=dict)
@@ -172,20 +175,24 @@ def _plausibility(ctx: Context, wanted: Sequence[Metric]) -> list[MetricRecord]:
             "list of evidence positions per item)."
         )
     attr, special, evidence = ctx.attribution, ctx.options.special_ids, list(ctx.evidence)
+    scope = ctx.options.scope
     ranked = [m.key for m in wanted if m.key in PLAUSIBILITY_METRICS]
-    values = plausibility(attr, evidence, ranked, special_ids=special) if ranked else {}
+    values = (
+        plausibility(attr, evidence, ranked, special_ids=special, scope=scope) if ranked else {}
+    )
     layered = ctx.options.per_layer and attr.layer_scores is not None
     out: list[MetricRecord] = []
     for m in wanted:
         if m.key == "degenerate":
-            out += _per_item(m.name, degenerate(attr, special_ids=special).double())
+            flags = degenerate(attr, special_ids=special, scope=scope)
+            out += _per_item(m.name, flags.double())
         else:
             out += _per_item(m.name, values[m.key])
     if layered:
-        per = plausibility(attr, evidence, ranked, special_ids=special, per_layer=True)
+        per = plausibility(attr, evidence, ranked, special_ids=special, per_layer=True, scope=scope)
         for m in wanted:
             v = (
-                degenerate(attr, special_ids=special, per_layer=True).double()
+                degenerate(attr, special_ids=special, per_layer=True, scope=scope).double()
                 if m.key == "degenerate"
                 else per[m.key]
             )

@@ -335,6 +335,33 @@ metrics use ``ties="expected"``; ``_first`` / ``_ferrando`` / ``_optimistic`` na
 rules."""
 
 
+def _check_scope(scope: Sequence[Sequence[int] | None] | None, n_items: int) -> None:
+    if scope is not None and (isinstance(scope, str) or len(scope) != n_items):
+        raise ValueError(
+            f"scope must hold one list of positions (or None) per item: {n_items} items, got "
+            f"{scope!r:.80}."
+        )
+
+
+def _valid_tokens(
+    ids: Tensor, special: Tensor, scope: Sequence[Sequence[int] | None] | None, item: int
+) -> Tensor | None:
+    """Item ``item``'s valid real tokens: in its scope (all without one), special ids out."""
+    valid = ~torch.isin(ids, special) if special.numel() else None
+    positions = None if scope is None else scope[item]
+    if positions is None:
+        return valid
+    inside = torch.zeros(ids.numel(), dtype=torch.bool)
+    index = torch.as_tensor(list(positions), dtype=torch.long)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= ids.numel()):
+        raise IndexError(
+            f"scope[{item}] has positions outside the item's {ids.numel()} real tokens: "
+            f"{sorted(int(i) for i in index)}"
+        )
+    inside[index] = True
+    return inside if valid is None else inside & valid
+
+
 def plausibility(
     attribution: Attribution,
     evidence: Sequence[Evidence],
@@ -343,6 +370,7 @@ def plausibility(
     special_ids: Sequence[int] | None = None,
     correct: Bool[Tensor, "batch"] | Sequence[bool] | None = None,
     per_layer: bool = False,
+    scope: Sequence[Sequence[int] | None] | None = None,
 ) -> dict[str, Tensor]:
     """Plausibility metrics of every item of ``attribution``.
 
@@ -351,7 +379,9 @@ def plausibility(
     ``special_ids``: token ids to exclude (e.g. ``tokenizer.all_special_ids``: BOS/CLS/SEP).
     ``correct``: items where it is False get NaN (evaluate correctly predicted items only).
     ``per_layer``: use ``layer_scores`` and return ``[batch, layer]`` per metric; otherwise
-    ``[batch]``.
+    ``[batch]``. ``scope[b]``: the real-token positions of item b that take part (e.g. the
+    context of a reading-comprehension prompt, as the decomposition paper evaluates qa), special
+    tokens still excluded; ``None`` (or a ``None`` entry): every real token.
     """
     unknown = [m for m in metrics if m not in PLAUSIBILITY_METRICS]
     if unknown:
@@ -375,6 +405,7 @@ def plausibility(
         )
     if per_layer and attribution.layer_scores is None:
         raise ValueError(f"{attribution.method!r} has no layer_scores; use per_layer=False.")
+    _check_scope(scope, len(attribution))
     special = torch.tensor(sorted({int(i) for i in special_ids or []}), dtype=torch.long)
     keep_item = (
         torch.ones(len(attribution), dtype=torch.bool)
@@ -390,8 +421,7 @@ def plausibility(
         if not bool(keep_item[b]):
             continue
         real = attribution.mask[b].cpu()
-        ids = attribution.token_ids[b].cpu()[real]
-        valid = ~torch.isin(ids, special) if special.numel() else None
+        valid = _valid_tokens(attribution.token_ids[b].cpu()[real], special, scope, b)
         layer_scores = attribution.layer_scores
         if per_layer and layer_scores is not None:
             rows = layer_scores[b][:, real.to(layer_scores.device)]
@@ -409,21 +439,22 @@ def degenerate(
     *,
     special_ids: Sequence[int] | None = None,
     per_layer: bool = False,
+    scope: Sequence[Sequence[int] | None] | None = None,
 ) -> Bool[Tensor, "batch *layer"]:
     """Which items' scores are constant over their valid tokens (:func:`is_degenerate`).
 
-    Valid tokens are the real (unpadded) positions minus ``special_ids``, as in
+    Valid tokens are the real (unpadded) positions in ``scope`` minus ``special_ids``, as in
     :func:`plausibility`. ``per_layer``: one flag per item and layer of ``layer_scores``.
     """
     special = torch.tensor(sorted({int(i) for i in special_ids or []}), dtype=torch.long)
     layer_scores = attribution.layer_scores
     if per_layer and layer_scores is None:
         raise ValueError(f"{attribution.method!r} has no layer_scores; use per_layer=False.")
+    _check_scope(scope, len(attribution))
     flags: list[bool | list[bool]] = []
     for b in range(len(attribution)):
         real = attribution.mask[b].cpu()
-        ids = attribution.token_ids[b].cpu()[real]
-        valid = ~torch.isin(ids, special) if special.numel() else None
+        valid = _valid_tokens(attribution.token_ids[b].cpu()[real], special, scope, b)
         if per_layer and layer_scores is not None:
             rows = layer_scores[b][:, real.to(layer_scores.device)].detach().cpu()
             flags.append([is_degenerate(row, valid) for row in rows])
