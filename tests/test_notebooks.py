@@ -1,5 +1,9 @@
 """The notebooks execute top to bottom on the bundled SmolLM2 (kernel: this interpreter).
 
+``make test`` runs them under TransformerLens 3.9 (the fast path) and ``make test-tl4`` under 4
+(``load_model`` returns a ``TransformerBridge``); a check cell appended to the executed copy
+asserts which one the kernel used.
+
 The .ipynb files are stored with the outputs of a real top-to-bottom run (progress bars off:
 ``LENS_ATTRIB_PROGRESS=0``), so that they read as a tour without running them; here each one also
 runs in a fresh ``python3`` kernel (registered into the virtual environment when missing) with a
@@ -61,9 +65,27 @@ def test_notebooks_present_and_saved_with_outputs_of_one_clean_run():
         assert [d for d in data if "application/vnd.plotly.v1+json" in d], path.name
 
 
+_BACKEND_CHECK = """\
+from importlib.metadata import version
+from lens_attrib.backend import is_bridge
+assert version("transformer-lens") == {version!r}, version("transformer-lens")
+assert is_bridge(model) is {bridge}, type(model)
+"""
+
+
+def _tl_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformer-lens")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path):
     nb = nbformat.read(path, as_version=4)
+    # The kernel must be this interpreter's TransformerLens, and the notebook's model its backend.
+    tl = _tl_version()
+    check = _BACKEND_CHECK.format(version=tl, bridge=int(tl.split(".")[0]) >= 4)
+    nb.cells.append(nbformat.v4.new_code_cell(check))
     env_before = os.environ.get("HF_HUB_OFFLINE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
