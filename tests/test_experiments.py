@@ -406,3 +406,34 @@ def test_agreement_resumes_from_its_journal(tmp_path, monkeypatch):
 
     with pytest.raises(ValueError, match="n: 3 -> 2"):
         agreement.main([*args[:1], "2", *args[2:], "--methods", "random", "--resume"])
+
+
+def test_agreement_split_over_processes_merges_into_one_journal(tmp_path, monkeypatch):
+    """Two processes of one run on disjoint tasks, each with its own compressed journal: after
+    merge_journals the run's command over both tasks computes nothing and gives each task's
+    records as its process computed them."""
+    from experiments import agreement, merge_journals
+    from lens_attrib.evaluation.journal import read_lines
+
+    main_journal, ra_journal = tmp_path / "records.jsonl.gz", tmp_path / "records.ra.jsonl.gz"
+    args = ["--n", "3", "--batch-size", "2", "--device", "cpu", "--methods",
+            "grad_x_input,random", "--out", str(tmp_path)]  # fmt: skip
+    sva = agreement.main([*args, "--tasks", "sva", "--journal", str(main_journal)])
+    ra = agreement.main([*args, "--tasks", "ra", "--journal", str(ra_journal)])
+    n_sva, n_ra = (len(read_lines(j)) - 1 for j in (main_journal, ra_journal))
+    assert n_sva and n_ra
+    assert merge_journals.main([str(main_journal), str(ra_journal)]) == 0
+    assert len(read_lines(main_journal)) == 1 + n_sva + n_ra
+    assert merge_journals.main([str(main_journal), str(ra_journal)]) == 0  # nothing added
+    assert len(read_lines(main_journal)) == 1 + n_sva + n_ra
+
+    computed: list[str] = []
+    real = agreement.unit_records
+    monkeypatch.setattr(
+        agreement, "unit_records", lambda *a, **k: computed.append(a[5]) or real(*a, **k)
+    )
+    both = agreement.main([*args, "--tasks", "sva,ra", "--journal", str(main_journal), "--resume"])
+    assert computed == []
+    for task, alone in (("sva", sva), ("ra", ra)):
+        merged = [r for r in both["summary"] if r["task"] == task]
+        assert merged == alone["summary"] and merged

@@ -27,7 +27,14 @@ from experiments import checkpoint_run
 from experiments.resume import Units
 from lens_attrib.evaluation import cli, provenance, runner, runs
 from lens_attrib.evaluation.items import load_task
-from lens_attrib.evaluation.journal import Journal, JournalCorrupt, manifest_path, read_lines
+from lens_attrib.evaluation.journal import (
+    Journal,
+    JournalCorrupt,
+    ManifestMismatch,
+    manifest_path,
+    merge_journals,
+    read_lines,
+)
 from lens_attrib.evaluation.runner import evaluate
 from lens_attrib.tiny_models import tiny_llama
 
@@ -284,3 +291,39 @@ def test_checkpoint_run_passes_sigterm_on_and_commits(tmp_path):
     n = len(read_lines(journal)) - 1
     assert 2 < n < 1000
     assert _git(repo, "log", "--format=%s").splitlines() == [f"run long: {n} records"]
+
+
+def test_merge_journals_appends_missing_units_and_refuses_disagreements(tmp_path):
+    """Units the target lacks are appended with their info; identical ones (NaN included) are
+    skipped; a unit with other records, or a journal of another run, is refused and nothing is
+    written; a torn last member of a source is dropped."""
+    into = Journal.open(tmp_path / "records.jsonl.gz", {"run": 1})
+    _batches(into)
+    other = Journal.open(tmp_path / "records.b.jsonl.gz", {"run": 1})
+    _batches(other)  # the same three units (NaN in every record)
+    other.append("n", [0, 1], [{"item": 0, "v": 1.5}], batch_size=2, bucket=0, info={"cpu_s": 2})
+    other.append("n", [2, 3], [{"item": 2, "v": math.nan}], batch_size=2, bucket=0)
+    with (tmp_path / "records.b.jsonl.gz").open("ab") as fh:
+        fh.write(gzip.compress(b'{"kind": "batch", "method": "n"')[:-6])  # torn in flight
+    before = (tmp_path / "records.jsonl.gz").read_bytes()
+    with pytest.warns(RuntimeWarning, match="torn"):
+        report = merge_journals(tmp_path / "records.jsonl.gz", [tmp_path / "records.b.jsonl.gz"])
+    assert (report.added, report.duplicates) == (2, 3)
+    lines = read_lines(tmp_path / "records.jsonl.gz")
+    assert (tmp_path / "records.jsonl.gz").read_bytes().startswith(before)
+    assert [(ln["method"], ln["items"]) for ln in lines[4:]] == [("n", [0, 1]), ("n", [2, 3])]
+    assert lines[4]["info"] == {"cpu_s": 2} and math.isnan(lines[5]["records"][0]["v"])
+    resumed = Journal.open(tmp_path / "records.jsonl.gz", {"run": 1})
+    assert resumed.finished("n") == {0, 1, 2, 3} and resumed.finished("m") == set(range(6))
+
+    merged = (tmp_path / "records.jsonl.gz").read_bytes()
+    clash = Journal.open(tmp_path / "clash.jsonl", {"run": 1})
+    clash.append("q", [9], [{"item": 9}], batch_size=1, bucket=0)  # new, listed first
+    clash.append("n", [0, 1], [{"item": 0, "v": 1.25}], batch_size=2, bucket=0)
+    with pytest.raises(ValueError, match="other records"):
+        merge_journals(tmp_path / "records.jsonl.gz", [tmp_path / "clash.jsonl"])
+    assert (tmp_path / "records.jsonl.gz").read_bytes() == merged
+    Journal.open(tmp_path / "run2.jsonl", {"run": 2})
+    with pytest.raises(ManifestMismatch, match="run: 1 -> 2"):
+        merge_journals(tmp_path / "records.jsonl.gz", [tmp_path / "run2.jsonl"])
+    assert (tmp_path / "records.jsonl.gz").read_bytes() == merged

@@ -264,6 +264,73 @@ def read_lines(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]
     return lines
 
 
+@dataclass(frozen=True)
+class MergeReport:
+    """What :func:`merge_journals` did: batch lines appended, and lines already present."""
+
+    added: int
+    duplicates: int
+
+
+def _canonical(records: Any) -> str:
+    """Records as comparable text (NaN equals NaN, key order ignored)."""
+    return json.dumps(records, sort_keys=True)
+
+
+def merge_journals(into: str | Path, sources: Sequence[str | Path]) -> MergeReport:
+    """Append to journal ``into`` the batch lines of ``sources`` that it does not hold yet.
+
+    For a run split over processes that each kept their own journal of the same run (e.g. one
+    process per task, ``--journal records.qa.jsonl.gz``): afterwards ``into`` resumes as if one
+    process had computed everything. Every journal must have ``into``'s manifest (the code
+    version aside), else :class:`ManifestMismatch`. A line of a source is identified by its unit
+    (``method``) and ``items``; one that ``into`` holds with the same records is skipped, one it
+    holds with *other* records raises ``ValueError`` (the two processes disagree: nothing is
+    written). Lines are appended in the sources' order, each as its own line or gzip member,
+    with their ``info`` (code version, cost) as computed. Run it when no process writes to
+    these journals; a torn last line of a source is dropped with a warning, as on resume.
+    """
+    into = Path(into)
+    target = read_lines(into, repair=True)
+    if not target or target[0].get("kind") != "manifest":
+        raise JournalCorrupt(f"{into} does not start with a manifest line: not a journal.")
+    held = {
+        (line["method"], tuple(line["items"])): _canonical(line["records"])
+        for line in target[1:]
+        if line.get("kind") == "batch"
+    }
+    new: list[dict[str, Any]] = []
+    duplicates = 0
+    for source in sources:
+        lines = read_lines(source)
+        if not lines or lines[0].get("kind") != "manifest":
+            raise JournalCorrupt(f"{source} does not start with a manifest line: not a journal.")
+        changed = differences(target[0], lines[0], skip=UNCOMPARED)
+        if changed:
+            raise ManifestMismatch(
+                f"{source} holds the records of a different run than {into} "
+                f"({'; '.join(changed)}): merging would mix the two."
+            )
+        for line in lines[1:]:
+            if line.get("kind") != "batch":
+                continue
+            key = (line["method"], tuple(line["items"]))
+            if key not in held:
+                held[key] = _canonical(line["records"])
+                new.append(line)
+            elif held[key] == _canonical(line["records"]):
+                duplicates += 1
+            else:
+                raise ValueError(
+                    f"{source}: unit {line['method']!r} over items {line['items']} has other "
+                    f"records than in {into}; the two runs disagree, so nothing was merged. "
+                    "Compare the two lines (their info.code says which code computed each)."
+                )
+    for line in new:
+        _write(into, [line], mode="a")
+    return MergeReport(added=len(new), duplicates=duplicates)
+
+
 def load_journal_records(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a journal's finished batches (for :func:`records.merge_records`)."""
     return [r for ln in read_lines(path) if ln.get("kind") == "batch" for r in ln["records"]]
@@ -274,10 +341,12 @@ __all__ = [
     "Journal",
     "JournalCorrupt",
     "ManifestMismatch",
+    "MergeReport",
     "differences",
     "is_compressed",
     "load_journal_records",
     "manifest_path",
+    "merge_journals",
     "normalized",
     "read_lines",
 ]
