@@ -72,6 +72,7 @@ import functools
 import math
 import random
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -276,13 +277,29 @@ def correct_items(model: Any, items: Sequence[TaskItem]) -> list[bool]:
     return [bool(c) for c in res.correct]
 
 
+_PREDICTED: weakref.WeakKeyDictionary[Any, dict[tuple[int | None, str, int], bool]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per model, the (start token, prompt, answer) triples already scored by :func:`predicted`
+(qa's tuning split re-draws the same SQuAD questions as the reported items: each is scored once
+per model and start token)."""
+
+
 def predicted(model: Any, prompts: Sequence[str], answers: Sequence[int]) -> list[bool]:
     """Whether the model's argmax at each prompt's last token is its answer
-    (:func:`correctness`; all prompts in one padded batch, 8 rows per forward)."""
-    if not prompts:
-        return []
-    res = correctness(model, list(prompts), list(answers), batch_size=len(prompts), max_batch=8)
-    return [bool(c) for c in res.correct]
+    (:func:`correctness`; the prompts not scored before on this model, in their order, in one
+    padded batch, 8 rows per forward)."""
+    start = start_token_of(model).id
+    keys = [(start, p, int(a)) for p, a in zip(prompts, answers)]
+    known = _PREDICTED.setdefault(model, {})
+    todo = [k for k in dict.fromkeys(keys) if k not in known]
+    if todo:
+        res = correctness(
+            model, [p for _, p, _ in todo], [a for _, _, a in todo], batch_size=len(todo),
+            max_batch=8,
+        )  # fmt: skip
+        known.update(zip(todo, (bool(c) for c in res.correct)))
+    return [known[k] for k in keys]
 
 
 def answer_positions(model: Any, prompt: str, spans: Sequence[tuple[int, int]]) -> list[int]:

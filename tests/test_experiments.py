@@ -437,3 +437,33 @@ def test_agreement_split_over_processes_merges_into_one_journal(tmp_path, monkey
     for task, alone in (("sva", sva), ("ra", ra)):
         merged = [r for r in both["summary"] if r["task"] == task]
         assert merged == alone["summary"] and merged
+
+
+def test_predicted_scores_each_prompt_once_per_start_token(smollm2, monkeypatch):
+    """qa's tuning split re-draws the reported questions: a prompt already scored is not
+    forwarded again, and the answers equal an uncached scoring; another start token re-scores."""
+    from experiments import agreement
+    from lens_attrib.inputs import set_start_token
+
+    tok = smollm2.tokenizer
+    prompts = ["The cat sat on the", "Paris is the capital of", "One, two, three,"]
+    answers = [
+        tok(w, add_special_tokens=False)["input_ids"][0] for w in (" mat", " France", " four")
+    ]
+    fresh = [bool(c) for c in agreement.correctness(smollm2, prompts, answers).correct]
+    scored: list[list[str]] = []
+    real = agreement.correctness
+    monkeypatch.setattr(
+        agreement, "correctness", lambda m, p, a, **k: scored.append(list(p)) or real(m, p, a, **k)
+    )
+    monkeypatch.setattr(agreement, "_PREDICTED", agreement.weakref.WeakKeyDictionary())
+    assert agreement.predicted(smollm2, prompts[:2], answers[:2]) == fresh[:2]
+    assert agreement.predicted(smollm2, prompts[::-1], answers[::-1]) == fresh[::-1]
+    assert scored == [prompts[:2], prompts[2:]]
+    before = getattr(smollm2, "lens_attrib_start_token", None)
+    set_start_token(smollm2, False)
+    try:
+        agreement.predicted(smollm2, prompts[:1], answers[:1])
+    finally:
+        set_start_token(smollm2, before)
+    assert scored[-1] == prompts[:1]
