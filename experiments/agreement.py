@@ -12,9 +12,11 @@ template/BLiMP items are scored to find them (default ``--n``).
 
 Long runs resume: every finished unit (task × batch × mode × method) is appended to
 ``<out>/agreement.records.jsonl`` (:mod:`experiments.resume`), so after a kill the same command
-with ``--resume`` computes only what is missing. Processes with disjoint ``--methods`` may share
-one ``--out`` (e.g. Integrated Gradients, by far the slowest, in its own process); a final
-``--resume`` run with every method then only reads the journal and writes the tables.
+with ``--resume`` computes only what is missing. To use more cores, run processes on disjoint
+``--methods`` or ``--tasks`` side by side, each with its own ``--journal`` (e.g. Integrated
+Gradients, by far the slowest, in its own process), merge their journals when they have stopped
+(``python -m experiments.merge_journals``), and a final ``--resume`` run with every method and
+task then only reads the journal and writes the tables.
 
 Tasks (``--tasks``):
 

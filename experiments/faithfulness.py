@@ -39,8 +39,8 @@ from which the figures and the Pearson drop are made.
 
 Long runs resume: every finished unit (dataset × batch × method) is appended to
 ``<out>/faithfulness.records.jsonl`` (:mod:`experiments.resume`); after a kill the same command
-with ``--resume`` computes only what is missing, and processes with disjoint ``--methods`` may
-share one ``--out``.
+with ``--resume`` computes only what is missing. Processes on disjoint ``--methods`` run side by
+side each with its own ``--journal``, merged afterwards (``python -m experiments.merge_journals``).
 Prompts get the library's start token (:func:`lens_attrib.inputs.start_token_of`: ``<|endoftext|>``
 before a plain SmolLM2 prompt; a chat-template prompt already starts with ``<|im_start|>``), the
 same in training the classifiers and in explaining them. Special tokens, the start token among

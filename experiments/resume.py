@@ -10,8 +10,10 @@ overwritten without ``--overwrite``).
 The manifest holds what fixes the items and their scores (model, seed, sizes, options); a rerun
 with other settings is refused with the differing fields named (``--overwrite`` starts afresh).
 The method list is not part of it, so one journal gathers the units of several method lists:
-separate processes can take disjoint ``--methods`` on the same ``--out`` (start them one after
-the other), and a last run with every method makes the table from the journal alone. A unit's key
+processes one after the other can take disjoint ``--methods`` on the same ``--out``, and a last
+run with every method makes the table from the journal alone. A journal has one writer: processes
+side by side each keep their own ``--journal`` and are merged afterwards
+(:mod:`experiments.merge_journals`). A unit's key
 carries a fingerprint of its items, so units of other items are never taken for it, and its line
 records the code version (package version and git commit) that computed it and the CPU and wall
 seconds it took (``info.cpu_s``, ``info.wall_s``: this process's CPU time, all its threads), from
