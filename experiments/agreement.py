@@ -44,11 +44,13 @@ run. Items with foils are explained contrastively and plainly; files without foi
 Methods (``--methods``; default every method of the paper's Table 1 — ALTI-Logit, AttnLRP, LRP,
 Gradient, AttnRollout — plus Gradient×Input, Integrated Gradients, DeepLIFT, NormXLogit, Grad-ELLM,
 ReAGent, value zeroing and the random baseline) × metrics PG (pointing game), MRR, RMA (relevance
-mass accuracy) and PTA (per-token accuracy), for the contrastive target (``logit(target) −
-logit(foil)``) and the plain target logit, with special tokens counted ("in") or excluded ("out").
-PG, MRR and PTA are expectations under uniformly random tie-breaking
+mass accuracy) and PTA (the paper's per-token accuracy: the share of tokens whose relevance sign,
+``> 0`` for evidence and ``≤ 0`` otherwise, is right), for the contrastive target
+(``logit(target) − logit(foil)``) and the plain target logit, with special tokens counted ("in")
+or excluded ("out"). PG and MRR are expectations under uniformly random tie-breaking
 (:mod:`lens_attrib.evaluation.plausibility`), so a method whose scores are constant over the real
-tokens scores what ``random`` scores; the ``deg`` columns count such degenerate items. Cells are
+tokens scores what ``random`` scores (PTA: ``|E|/n``, what every non-negative method scores); the
+``deg`` columns count such degenerate items. Cells are
 means over items with a seeded percentile bootstrap 95% CI over items in the JSON/CSV summary
 (``ci_low``, ``ci_high``) and, with ``--ci``, in the table.
 Only items the model gets right are explained (``logit(target) > logit(foil)``; for qa the
@@ -135,7 +137,7 @@ DEFAULT_METHODS = f"{PAPER_METHODS},{OUR_METHODS},random"
 DEFAULT_TASKS = "ra,sva,blimp_darn,qa,linzen"
 TEMPLATE_TASKS = ("ra", "sva")
 OTHER_TASKS = ("qa", "linzen")
-METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "token_accuracy"}
+METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "per_token_accuracy"}
 BLIMP_TASKS = tuple(t for t in ALIASES if is_blimp(t))
 
 

@@ -41,6 +41,7 @@ from lens_attrib.evaluation import (
     evaluate,
     insertion_deletion,
     mrr,
+    per_token_accuracy,
     plausibility,
     pointing_game,
     relevance_mass_accuracy,
@@ -504,6 +505,8 @@ BAD_CALLS += [
     ("AP 2-D", lambda m, b: average_precision(np.ones((2, 3)), [0]), ValueError, "1-D"),
     ("RMA NaN", lambda m, b: relevance_mass_accuracy([NAN, 1.0], [0]), ValueError, "NaN"),
     ("dot NaN", lambda m, b: dot_product([NAN, 1.0], [0]), ValueError, "NaN"),
+    ("PTA NaN", lambda m, b: per_token_accuracy([NAN, 1.0], [0]), ValueError, "NaN"),
+    ("PTA 2-D", lambda m, b: per_token_accuracy(np.ones((2, 3)), [0]), ValueError, "1-D"),
     ("degenerate NaN", lambda m, b: is_degenerate(torch.tensor([NAN, NAN])), ValueError, "NaN"),
     ("scores as text", lambda m, b: pointing_game("0.1 0.2", [0]), TypeError, "1-D tensor"),
     (
@@ -1052,7 +1055,15 @@ def test_runner_refuses_counts_below_one(argv, phrase, capsys):
 # --------------------------------------------------------------------------- saying nothing
 @pytest.mark.parametrize(
     "metric",
-    [pointing_game, mrr, token_accuracy, average_precision, relevance_mass_accuracy, dot_product],
+    [
+        pointing_game,
+        mrr,
+        token_accuracy,
+        per_token_accuracy,
+        average_precision,
+        relevance_mass_accuracy,
+        dot_product,
+    ],
 )
 def test_all_equal_scores_earn_chance_never_more_than_a_real_ranking(metric):
     """Tie-aware metrics give constant scores the chance value (|E|/n for the pointing game)

@@ -20,6 +20,7 @@ from lens_attrib.evaluation.plausibility import (
     dot_product,
     is_degenerate,
     mrr,
+    per_token_accuracy,
     plausibility,
     pointing_game,
     relevance_mass_accuracy,
@@ -99,6 +100,44 @@ def test_token_accuracy():
     assert token_accuracy(t([0.9, 0.1, 0.8, 0.7]), [0, 3]) == pytest.approx(0.5)
     assert token_accuracy(t([0.9, 0.1, 0.8, 0.7]), [0, 2]) == pytest.approx(1.0)
     assert token_accuracy(t([0.9, 0.1, 0.8, 0.7]), [1]) == pytest.approx(0.0)
+
+
+def test_per_token_accuracy_is_the_papers_sign_classification():
+    """Arras et al. (2025), Section 4: evidence tokens should get s > 0, the others s ≤ 0;
+    PTA is the share of tokens the sign classifies right (an independent loop as oracle)."""
+    assert per_token_accuracy(t([0.5, -0.1, 0.2, 0.0]), [0, 2]) == 1.0
+    assert per_token_accuracy(t([0.5, -0.1, 0.2, 0.0]), [1]) == pytest.approx(0.25)
+    assert per_token_accuracy(t([0.5, -0.1, 0.2, 0.0]), [3]) == pytest.approx(0.25)  # 0 is "no"
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(2, 12))
+        s = rng.normal(size=n) * (rng.uniform(size=n) > 0.2)  # exact zeros among them
+        ev = sorted(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False).tolist())
+        valid = rng.uniform(size=n) > 0.2
+        valid[ev[0]] = True
+        kept = [i for i in range(n) if valid[i]]
+        right = sum((s[i] > 0) == (i in ev) for i in kept)
+        expected = right / len(kept)
+        if len(kept) > 1 and len({s[i] for i in kept}) == 1:
+            expected = sum(i in ev for i in kept) / len(kept)
+        got = per_token_accuracy(t(s), ev, torch.tensor(valid))
+        assert got == pytest.approx(expected, abs=1e-15)
+
+
+def test_per_token_accuracy_of_non_negative_and_constant_scores():
+    """Every strictly positive method scores |E|/n (the paper's equal PTA columns for gradient
+    norms and rollout); a constant vector, zeros included, scores the same: saying nothing is
+    not rewarded with 1 − |E|/n."""
+    rng = np.random.default_rng(4)
+    for n in range(2, 9):
+        ev = list(range(0, n, 3))
+        assert per_token_accuracy(t(rng.uniform(0.1, 1, size=n)), ev) == pytest.approx(len(ev) / n)
+        for value in (0.0, -2.0, 1.5):
+            assert per_token_accuracy(torch.full((n,), value), ev) == pytest.approx(len(ev) / n)
+    assert per_token_accuracy(t([-1.0]), [0]) == 0.0  # one token: its sign decides
+    assert math.isnan(per_token_accuracy(t([1.0, 2.0]), []))
+    with pytest.raises(ValueError, match="NaN"):
+        per_token_accuracy(t([1.0, math.nan]), [0])
 
 
 def test_dot_product_normalizations():

@@ -203,7 +203,8 @@ def test_experiments_score_through_the_one_metric_door():
     every number comes from ``lens_attrib.evaluation.metrics.score``."""
     metric_functions = {"plausibility", "degenerate", "aopc", "insertion_deletion",
                         "soft_metrics", "pointing_game", "mrr", "average_precision",
-                        "dot_product", "relevance_mass_accuracy", "token_accuracy"}  # fmt: skip
+                        "dot_product", "relevance_mass_accuracy", "token_accuracy",
+                        "per_token_accuracy"}  # fmt: skip
     for name in ("agreement", "faithfulness", "blimp_alignment", "demo"):
         tree = ast.parse((ROOT / "experiments" / f"{name}.py").read_text())
         imported = {

@@ -15,7 +15,8 @@ insertion/deletion), each at its item's own length.
 Families (see each metric module for the formulas):
 
 - ``plausibility`` (:mod:`~lens_attrib.evaluation.plausibility`, needs ``evidence``):
-  ``pointing_game, mrr, mrr_ferrando, rma, token_accuracy, average_precision, dot_product,
+  ``pointing_game, mrr, mrr_ferrando, rma, per_token_accuracy`` (the decomposition paper's PTA),
+  ``token_accuracy`` (top-|E|), ``average_precision, dot_product,
   dot_product_raw, dot_product_softmax`` and ``degenerate`` (1.0 when the scores are constant
   over the valid tokens); ``ScoreOptions.per_layer`` adds one record per layer of
   ``layer_scores`` (its real layer numbers from ``meta["layers"]``);

@@ -11,7 +11,14 @@ descending score):
 - **pointing game** (Zhang et al. 2018): ``1[π_1 ∈ E]``.
 - **MRR** (reciprocal rank of the best-ranked evidence token, Ferrando et al. 2023):
   ``1 / min_{e∈E} rank_π(e)``.
-- **per-token (rank) accuracy**: ``|{π_1..π_k} ∩ E| / k`` with ``k = |E|``.
+- **per-token accuracy (PTA)**, the decomposition paper's (Arras et al. 2025, Section 4): each
+  token is classified by the sign of its relevance, evidence tokens as ``s_i > 0`` and the others
+  as ``s_i ≤ 0``; ``PTA = (1/n) Σ_i 1[(s_i > 0) = g_i]``. It needs no ranking. A constant score
+  vector carries no information and scores ``|E|/n``, what every non-negative method scores
+  (the paper's rule would give a zero vector ``1 − |E|/n``, rewarding a method that says
+  nothing).
+- **top-|E| (rank) accuracy**: ``|{π_1..π_k} ∩ E| / k`` with ``k = |E|`` (R-precision; not the
+  paper's PTA).
 - **average precision**: ``AP = (1/|E|) Σ_{j : π_j ∈ E} precision@j``; e.g.
   ``s = [0.3, 0.1, 0.5, 0.1]``, ``E = {0}`` gives ``AP = 0.5`` (NormXLogit appendix example).
 - **relevance mass accuracy** (Arras et al. 2022): ``Σ_{i∈E} max(s_i,0) / Σ_i max(s_i,0)``;
@@ -20,8 +27,8 @@ descending score):
 - **dot product**: ``DP = Σ_i ŝ_i g_i`` with ``ŝ = s`` (``"raw"``), ``ŝ = s / Σ_j |s_j|``
   (``"l1"``: sums to one for non-negative scores) or ``ŝ = softmax(s)`` (``"softmax"``).
 
-**Ties.** The four rank metrics need ``π``, which is not unique when scores tie (a method that
-gives every real token 0 ties them all). ``ties`` chooses how:
+**Ties.** The four rank metrics (all but RMA, PTA and DP) need ``π``, which is not unique when
+scores tie (a method that gives every real token 0 ties them all). ``ties`` chooses how:
 
 - ``"expected"`` (default): the expectation over uniformly random tie-breaking, in closed form.
   Sort the distinct score values descending into tie groups ``G_1, G_2, …`` with sizes ``m_j``,
@@ -32,8 +39,8 @@ gives every real token 0 ties them all). ``ties`` chooses how:
   - ``MRR = Σ_{k=1}^{m-e+1} P(k) / (r + k)`` for the first group with evidence (size ``m``, ``e``
     evidence, ``r`` above), ``P(k) = C(m-k, e-1) / C(m, e)`` the chance that its first evidence
     token lands in slot ``k``;
-  - ``PTA = (1/k) Σ_j e_j · clip((k - r_j) / m_j, 0, 1)`` (each member of the group straddling
-    rank ``k`` is in the top ``k`` with probability ``(k - r_j)/m_j``);
+  - top-|E| accuracy ``= (1/k) Σ_j e_j · clip((k - r_j) / m_j, 0, 1)`` (each member of the
+    group straddling rank ``k`` is in the top ``k`` with probability ``(k - r_j)/m_j``);
   - ``AP = (1/|E|) Σ_j e_j (1/m_j) Σ_{t=1}^{m_j} (R_j + 1 + (t-1)(e_j-1)/(m_j-1)) / (r_j + t)``
     (an evidence token of ``G_j`` sits at a uniform slot ``t``; the other evidence of its group
     before it is hypergeometric with mean ``(t-1)(e_j-1)/(m_j-1)``, and precision is linear in
@@ -212,7 +219,8 @@ def token_accuracy(
     valid: Bool[Tensor, "pos"] | None = None,
     ties: str = "expected",
 ) -> float:
-    """``|top_{|E|}(s) ∩ E| / |E|`` (expected under random tie-breaking by default)."""
+    """Top-|E| rank accuracy ``|top_{|E|}(s) ∩ E| / |E|`` (expected under random tie-breaking by
+    default); the decomposition paper's PTA is :func:`per_token_accuracy`."""
     _check_ties(ties)
     prep = _prepare(scores, evidence, valid, "token_accuracy")
     if prep is None:
@@ -223,6 +231,22 @@ def token_accuracy(
         inside = sum(e * min(max((k - r) / m, 0.0), 1.0) for m, e, r, _ in _tie_groups(s, g))
         return inside / k
     return float(_hits(s, g, ties)[:k].sum()) / k
+
+
+def per_token_accuracy(
+    scores: Float[Tensor, "pos"],
+    evidence: Evidence,
+    valid: Bool[Tensor, "pos"] | None = None,
+) -> float:
+    """The decomposition paper's per-token accuracy: ``(1/n) Σ_i 1[(s_i > 0) = (i ∈ E)]`` over
+    the ``n`` valid tokens (a constant ``s`` scores ``|E|/n``; see the module docstring)."""
+    prep = _prepare(scores, evidence, valid, "per_token_accuracy")
+    if prep is None:
+        return float("nan")
+    s, g = prep
+    if s.numel() > 1 and bool((s == s[0]).all()):
+        return float(g.sum()) / s.numel()
+    return float(((s > 0) == g).double().mean())
 
 
 def average_precision(
@@ -296,6 +320,7 @@ PLAUSIBILITY_METRICS: dict[str, MetricFn] = {
     "mrr_optimistic": partial(mrr, ties="optimistic"),
     "mrr_ferrando": partial(mrr, ties="ferrando"),
     "rma": relevance_mass_accuracy,
+    "per_token_accuracy": per_token_accuracy,
     "token_accuracy": token_accuracy,
     "token_accuracy_first": partial(token_accuracy, ties="first"),
     "average_precision": average_precision,
@@ -304,8 +329,10 @@ PLAUSIBILITY_METRICS: dict[str, MetricFn] = {
     "dot_product_raw": partial(dot_product, normalize="raw"),
     "dot_product_softmax": partial(dot_product, normalize="softmax"),
 }
-"""Metric name → pure function ``(scores, evidence, valid) -> float``. Unsuffixed rank metrics
-use ``ties="expected"``; ``_first`` / ``_ferrando`` / ``_optimistic`` name the other rules."""
+"""Metric name → pure function ``(scores, evidence, valid) -> float``. ``per_token_accuracy`` is
+the decomposition paper's PTA; ``token_accuracy`` the top-|E| rank accuracy. Unsuffixed rank
+metrics use ``ties="expected"``; ``_first`` / ``_ferrando`` / ``_optimistic`` name the other
+rules."""
 
 
 def plausibility(
@@ -414,6 +441,7 @@ __all__ = [
     "dot_product",
     "is_degenerate",
     "mrr",
+    "per_token_accuracy",
     "plausibility",
     "pointing_game",
     "relevance_mass_accuracy",
