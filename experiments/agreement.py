@@ -138,6 +138,11 @@ DEFAULT_TASKS = "ra,sva,blimp_darn,qa,linzen"
 TEMPLATE_TASKS = ("ra", "sva")
 OTHER_TASKS = ("qa", "linzen")
 METRICS = {"PG": "pointing_game", "MRR": "mrr", "RMA": "rma", "PTA": "per_token_accuracy"}
+EXTRA_METRICS = ("mrr_ferrando", "pointing_game_first")
+"""Scored and kept in the records and the JSON/CSV summary, not in the printed table: the
+decomposition paper's MRR ranks tied tokens in sequence order (Ferrando et al.'s rule, which it
+reports as degrading MRR under ties of zero relevance), and the pointing game's first maximum;
+the table's PG and MRR take the expectation over tie-breakings."""
 BLIMP_TASKS = tuple(t for t in ALIASES if is_blimp(t))
 
 
@@ -484,7 +489,7 @@ def unit_records(
             score(
                 model,
                 attr,
-                [*METRICS.values(), "degenerate"],
+                [*METRICS.values(), *EXTRA_METRICS, "degenerate"],
                 evidence=list(evidence),
                 options=ScoreOptions(special_ids=ids),
             )
@@ -704,6 +709,7 @@ def run(
                 task: fingerprint([Path(p).read_bytes().hex()]) for task, p in data_files.items()
             },
             "metrics": METRICS,
+            "extra_metrics": list(EXTRA_METRICS),
             "vz_aggregation": args.vz_aggregation,
             "ig_max_steps": args.ig_max_steps,
             **depth_manifest(args),

@@ -58,7 +58,8 @@ def test_agreement(tmp_path):
         ]
     )
     payload, _ = _outputs(tmp_path, "agreement")
-    assert {r["metric"] for r in payload["summary"]} == set(agreement.METRICS.values())
+    wanted = {*agreement.METRICS.values(), *agreement.EXTRA_METRICS}
+    assert {r["metric"] for r in payload["summary"]} == wanted
     assert {(r["mode"], r["specials"]) for r in payload["summary"]} == {
         ("contrastive", "in"),
         ("contrastive", "out"),
@@ -73,7 +74,7 @@ def test_agreement(tmp_path):
     )
     # one record per explained item × method × mode × specials × metric
     n = payload["counts"]["ra"]["n_explained"]
-    assert len(payload["records"]) == n * 2 * 2 * 2 * 4
+    assert len(payload["records"]) == n * 2 * 2 * 2 * 6
     assert "PG C" in out["table"] and "Gradient×Input" in out["table"]
     # the BOS-like prefix is special: excluding it can only move PG among real words
     assert payload["config"]["prefix"] == "<|endoftext|>"
@@ -102,7 +103,7 @@ def test_agreement_on_user_jsonl(tmp_path):
     counts = payload["counts"]["my_items"]
     assert counts["n_scored"] == 20 and 0 < counts["n_explained"] <= 20
     n = counts["n_explained"]
-    assert len(payload["records"]) == n * 2 * 2 * 2 * 4
+    assert len(payload["records"]) == n * 2 * 2 * 2 * 6
     assert all(isinstance(r["degenerate"], bool) for r in payload["records"])
     for r in payload["summary"]:
         assert r["n"] == n and 0 <= r["degenerate"] <= n
