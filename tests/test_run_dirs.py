@@ -31,6 +31,7 @@ from lens_attrib.evaluation.journal import (
     Journal,
     JournalCorrupt,
     ManifestMismatch,
+    compact_journal,
     manifest_path,
     merge_journals,
     read_lines,
@@ -327,3 +328,19 @@ def test_merge_journals_appends_missing_units_and_refuses_disagreements(tmp_path
     with pytest.raises(ManifestMismatch, match="run: 1 -> 2"):
         merge_journals(tmp_path / "records.jsonl.gz", [tmp_path / "run2.jsonl"])
     assert (tmp_path / "records.jsonl.gz").read_bytes() == merged
+
+
+def test_compact_journal_reads_back_the_same_and_resumes(tmp_path):
+    """One member for all lines: the same lines (NaN included), smaller, and a resumed run
+    appends to it as before."""
+    path = tmp_path / "records.jsonl.gz"
+    journal = Journal.open(path, {"run": 1})
+    _batches(journal)
+    before, size = read_lines(path), path.stat().st_size
+    assert compact_journal(path) < size
+    _same(read_lines(path), before)
+    again = Journal.open(path, {"run": 1})
+    again.append("n", [7], [{"item": 7}], batch_size=1, bucket=0)
+    assert Journal.open(path, {"run": 1}).finished("n") == {7}
+    with pytest.raises(ValueError, match="not a compressed journal"):
+        compact_journal(tmp_path / "plain.jsonl")

@@ -331,6 +331,21 @@ def merge_journals(into: str | Path, sources: Sequence[str | Path]) -> MergeRepo
     return MergeReport(added=len(new), duplicates=duplicates)
 
 
+def compact_journal(path: str | Path) -> int:
+    """Rewrite a finished compressed journal as one gzip member holding every line (a member per
+    line compresses ≈ 1.4× worse); it reads back line for line the same, and later appends add
+    members as before. Returns the new size in bytes. Run it when no process writes to it."""
+    path = Path(path)
+    if not is_compressed(path):
+        raise ValueError(f"{path} is not a compressed journal (.gz): nothing to compact.")
+    lines = read_lines(path, repair=True)
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
 def load_journal_records(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a journal's finished batches (for :func:`records.merge_records`)."""
     return [r for ln in read_lines(path) if ln.get("kind") == "batch" for r in ln["records"]]
@@ -342,6 +357,7 @@ __all__ = [
     "JournalCorrupt",
     "ManifestMismatch",
     "MergeReport",
+    "compact_journal",
     "differences",
     "is_compressed",
     "load_journal_records",
