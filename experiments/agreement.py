@@ -301,16 +301,20 @@ per model and start token)."""
 
 def predicted(model: Any, prompts: Sequence[str], answers: Sequence[int]) -> list[bool]:
     """Whether the model's argmax at each prompt's last token is its answer
-    (:func:`correctness`; the prompts not scored before on this model, in their order, in one
-    padded batch, 8 rows per forward)."""
+    (:func:`correctness`; the prompts not scored before on this model, shortest first, 8 per
+    padded forward, so that a batch pads to its own longest prompt; a progress bar)."""
     start = start_token_of(model).id
     keys = [(start, p, int(a)) for p, a in zip(prompts, answers)]
     known = _PREDICTED.setdefault(model, {})
     todo = [k for k in dict.fromkeys(keys) if k not in known]
     if todo:
+        lengths = [
+            len(model.tokenizer(p, add_special_tokens=False)["input_ids"]) for _, p, _ in todo
+        ]
+        todo = [todo[i] for i in sorted(range(len(todo)), key=lengths.__getitem__)]
         res = correctness(
-            model, [p for _, p, _ in todo], [a for _, _, a in todo], batch_size=len(todo),
-            max_batch=8,
+            model, [p for _, p, _ in todo], [a for _, _, a in todo], batch_size=8,
+            progress=len(todo) > 8,
         )  # fmt: skip
         known.update(zip(todo, (bool(c) for c in res.correct)))
     return [known[k] for k in keys]
@@ -331,10 +335,36 @@ def context_span(item: TaskItem) -> tuple[int, int]:
     return start, start + len(item.meta["context"])
 
 
-def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int) -> Prepared:
+SCREENING = "screening"
+"""The method name of the journal unit that holds which qa questions the model answers."""
+
+
+def screened(
+    model: Any, prompts: Sequence[str], answers: Sequence[int], units: Units | None
+) -> list[bool]:
+    """:func:`predicted`, kept in the run's journal as one unit ``qa:<id>|screening`` (one record
+    per prompt): qa screens every question up to ``--qa-max-tokens`` (2,404 prompts of ≈ 200
+    tokens for SmolLM2, ≈ 0.5 CPU-h), which a resumed run then reads instead of repeating."""
+    if units is None:
+        return predicted(model, prompts, answers)
+    start = start_token_of(model).id
+    key = f"qa:{fingerprint([start, list(prompts), [int(a) for a in answers]])}|{SCREENING}"
+
+    def compute() -> list[dict[str, Any]]:
+        found = predicted(model, prompts, answers)
+        return [{"item": i, "correct": c} for i, c in enumerate(found)]
+
+    rows = units.get(key, list(range(len(prompts))), compute)
+    return [bool(r["correct"]) for r in rows]
+
+
+def prepare_qa(
+    model: Any, n: int, n_scored: int, seed: int, max_tokens: int, units: Units | None = None
+) -> Prepared:
     """SQuAD v2 answerable questions the model answers with the gold answer's first token
     (prompts of at most ``max_tokens`` tokens, the start token included); ``scope``: the
-    context's tokens (the paper's Table 1 evaluates qa on the context only)."""
+    context's tokens (the paper's Table 1 evaluates qa on the context only). ``units``: the
+    run's journal, which keeps the screening (:func:`screened`)."""
     tok = model.tokenizer
     start = start_token_of(model)
     pool = load_squad_v2(n=n_scored * 3, seed=seed)
@@ -347,7 +377,7 @@ def prepare_qa(model: Any, n: int, n_scored: int, seed: int, max_tokens: int) ->
         rows.append((it, int(answer[0])))
         if len(rows) >= n_scored:
             break
-    correct = predicted(model, [it.prompt for it, _ in rows], [a for _, a in rows])
+    correct = screened(model, [it.prompt for it, _ in rows], [a for _, a in rows], units)
     kept = [r for r, ok in zip(rows, correct) if ok][:n]
     return Prepared(
         prompts=[it.prompt for it, _ in kept],
@@ -378,7 +408,12 @@ def linzen_accuracy(model: Any, n: int, seed: int) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------ Grad-ELLM depth
 def prepare_tuning(
-    model: Any, task: str, args: Any, reported: Prepared, files: dict[str, str]
+    model: Any,
+    task: str,
+    args: Any,
+    reported: Prepared,
+    files: dict[str, str],
+    units: Units | None = None,
 ) -> Prepared:
     """The task's tuning split for Grad-ELLM's depth (:mod:`experiments.grad_ellm_depth`):
     items of the same source drawn with the tuning seed, prepared like the reported ones
@@ -387,7 +422,7 @@ def prepare_tuning(
     seed, n = tuning_seed(args), args.tuning_n
     taken = set(reported.prompts)
     if task == "qa":
-        pool = prepare_qa(model, n + len(taken), args.n_qa, seed, args.qa_max_tokens)
+        pool = prepare_qa(model, n + len(taken), args.n_qa, seed, args.qa_max_tokens, units)
     else:
         size = 4 * n if is_blimp(task) else 2 * n
         items = load_task(task, size, seed, files=files, blimp_root=args.blimp_root)
@@ -444,7 +479,7 @@ def grad_ellm_depth(
     fixed = fixed_choice(model, args, task)
     if fixed is not None:
         return fixed
-    tuning = prepare_tuning(model, task, args, data, files)
+    tuning = prepare_tuning(model, task, args, data, files, units)
     target = Target(token=list(tuning.targets), foil=list(tuning.foils) if tuning.foils else None)
     special_out = sorted(int(i) for i in (model.tokenizer.all_special_ids or []))
     mode = "contrastive" if tuning.foils else "plain"
@@ -764,7 +799,7 @@ def run(
             linzen = linzen_accuracy(model, args.n_linzen, args.seed)
             continue
         if task == "qa":
-            data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens)
+            data = prepare_qa(model, args.n, args.n_qa, args.seed, args.qa_max_tokens, units)
         else:
             pool = args.n_pool or args.n
             size = 4 * pool if is_blimp(task) else pool  # BLiMP: a pool to keep n from

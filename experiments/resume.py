@@ -113,6 +113,11 @@ def journal_file(path: str | Path) -> Path:
             if (path / name).exists():
                 return path / name
         raise FileNotFoundError(f"{path} holds no records.jsonl.gz or records.jsonl")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no such journal; pass a run's folder (docs/results/runs/<name>) or its "
+            "records.jsonl.gz"
+        )
     return path
 
 

@@ -5,8 +5,9 @@
 Every unit an experiment journals records the CPU and wall seconds it took
 (:func:`experiments.resume.unit_costs`). This prints, per task / dataset × method, the units,
 items, CPU seconds and CPU seconds per item (the modes of an agreement task summed: per explained
-item), the Grad-ELLM depth tuning's cost, and with ``--n`` the expected CPU hours of the whole run
-at ``n`` items per task / dataset: ``Σ_where (CPU-s per item × n) + tuning``. One process uses one
+item), the one-off costs (the Grad-ELLM depth tuning, qa's screening of the questions the model
+answers), and with ``--n`` the expected CPU hours of the whole run at ``n`` items per task /
+dataset: ``Σ_where (CPU-s per item × n) + one-off costs``. One process uses one
 core (``--threads 1``), so CPU hours are wall hours of a run that has a core to itself.
 """
 
@@ -21,6 +22,9 @@ from experiments.common import format_table
 from experiments.resume import journal_file, unit_costs
 
 TUNING = "grad_ellm_depth"
+SCREENING = "screening"
+ONE_OFF = (TUNING, SCREENING)
+"""Units whose cost does not grow with the number of explained items."""
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -50,7 +54,7 @@ def cost_table(path: str | Path) -> list[dict[str, Any]]:
         row["wall_s"] += unit["wall_s"]
     out = []
     for row in rows.values():
-        if row["method"] == TUNING:  # one unit per candidate, each over every tuning item
+        if row["method"] in ONE_OFF:  # tuning: one unit per candidate over every tuning item
             row["items"] = row["unit_items"] / row["units"]
         else:
             row["items"] = row["unit_items"] / len(row.pop("modes"))
@@ -62,8 +66,8 @@ def cost_table(path: str | Path) -> list[dict[str, Any]]:
 
 def expected_cpu_s(rows: Sequence[dict[str, Any]], n: int) -> float:
     """CPU seconds of a run at ``n`` items per task / dataset: every method's CPU-s per item
-    times ``n``, plus the depth tuning as measured (its size does not grow with ``n``)."""
-    return sum(r["cpu_s"] if r["method"] == TUNING else r["cpu_s_per_item"] * n for r in rows)
+    times ``n``, plus the one-off costs as measured (their size does not grow with ``n``)."""
+    return sum(r["cpu_s"] if r["method"] in ONE_OFF else r["cpu_s_per_item"] * n for r in rows)
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -91,9 +95,13 @@ def main(argv: Sequence[str] | None = None) -> str:
     lines = [table]
     for where in sorted({r["where"] for r in rows}):
         mine = [r for r in rows if r["where"] == where]
-        per_item = sum(r["cpu_s_per_item"] for r in mine if r["method"] != TUNING)
+        per_item = sum(r["cpu_s_per_item"] for r in mine if r["method"] not in ONE_OFF)
         tuning = sum(r["cpu_s"] for r in mine if r["method"] == TUNING)
-        lines.append(f"{where}: {per_item:.1f} CPU-s per item (all methods), tuning {tuning:.0f} s")
+        screening = sum(r["cpu_s"] for r in mine if r["method"] == SCREENING)
+        lines.append(
+            f"{where}: {per_item:.1f} CPU-s per item (all methods), tuning {tuning:.0f} s"
+            + (f", screening {screening:.0f} s" if screening else "")
+        )
     if args.n is not None:
         total = expected_cpu_s(rows, args.n)
         lines.append(f"expected at n={args.n}: {total:.0f} CPU-s = {total / 3600:.1f} CPU-h")

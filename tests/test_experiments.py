@@ -8,6 +8,7 @@ import json
 import math
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -460,7 +461,7 @@ def test_predicted_scores_each_prompt_once_per_start_token(smollm2, monkeypatch)
     monkeypatch.setattr(agreement, "_PREDICTED", agreement.weakref.WeakKeyDictionary())
     assert agreement.predicted(smollm2, prompts[:2], answers[:2]) == fresh[:2]
     assert agreement.predicted(smollm2, prompts[::-1], answers[::-1]) == fresh[::-1]
-    assert scored == [prompts[:2], prompts[2:]]
+    assert [sorted(p) for p in scored] == [sorted(prompts[:2]), prompts[2:]]
     before = getattr(smollm2, "lens_attrib_start_token", None)
     set_start_token(smollm2, False)
     try:
@@ -468,6 +469,36 @@ def test_predicted_scores_each_prompt_once_per_start_token(smollm2, monkeypatch)
     finally:
         set_start_token(smollm2, before)
     assert scored[-1] == prompts[:1]
+
+
+def test_qa_screening_is_journaled_and_read_back_on_resume(smollm2, monkeypatch, tmp_path):
+    """qa's screening (which questions the model answers) is one journal unit: a resumed run
+    reads it instead of forwarding the questions again, and prepares the same items."""
+    from experiments import agreement
+    from experiments.resume import Units
+
+    def prepare(resume: bool) -> tuple[Any, list[int]]:
+        monkeypatch.setattr(agreement, "_PREDICTED", agreement.weakref.WeakKeyDictionary())
+        forwarded: list[int] = []
+        real = agreement.correctness
+        monkeypatch.setattr(
+            agreement,
+            "correctness",
+            lambda m, p, a, **k: forwarded.append(len(p)) or real(m, p, a, **k),
+        )
+        units = Units(None, "agreement", {"n_qa": 8}, resume=resume, journal=journal)
+        data = agreement.prepare_qa(smollm2, 2, 8, 0, 160, units)
+        return data, forwarded
+
+    journal = tmp_path / "records.jsonl.gz"
+    first, forwarded = prepare(resume=False)
+    assert sum(forwarded) == first.n_total > 0
+    again, forwarded = prepare(resume=True)
+    assert forwarded == []
+    assert again == first
+    lines = Units(None, "agreement", {"n_qa": 8}, resume=True, journal=journal)
+    keys = [b["method"] for b in lines.journal.batches]
+    assert len(keys) == 1 and keys[0].startswith("qa:") and keys[0].endswith("|screening")
 
 
 def test_qa_scope_is_the_context_and_holds_the_evidence(smollm2):

@@ -1,0 +1,57 @@
+"""``experiments.run_costs``: CPU seconds per item and method from a journal, and the expected
+total of the run at full size (one-off units — the depth tuning, qa's screening — counted once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments import run_costs
+from lens_attrib.evaluation.journal import Journal
+
+
+def _journal(path: Path) -> Path:
+    journal = Journal.open(path, {"experiment": "agreement", "n": 4})
+    units = [
+        # (key, items, cpu_s)
+        ("qa:aaa|screening", range(50), 30.0),  # the reported split's screening
+        ("qa:bbb|screening", range(50), 2.0),  # the tuning split's: read from the cache
+        ("qa:ccc|grad_ellm_depth[pointing_game][n_layers=1]", range(3), 6.0),
+        ("qa:ccc|grad_ellm_depth[pointing_game][n_layers=4]", range(3), 9.0),
+        ("qa:ddd|gradient|plain", range(2), 4.0),
+        ("qa:ddd|gradient|plain", range(2, 4), 2.0),
+        ("ra:eee|gradient|contrastive", range(2), 1.0),
+        ("ra:eee|gradient|plain", range(2), 3.0),
+    ]
+    for key, items, cpu in units:
+        journal.append(
+            key, list(items), [], batch_size=len(items), bucket=0,
+            info={"cpu_s": cpu, "wall_s": cpu + 1},
+        )  # fmt: skip
+    return path
+
+
+def test_cost_table_counts_items_once_per_mode_and_one_off_units_once(tmp_path):
+    rows = {
+        (r["where"], r["method"]): r for r in run_costs.cost_table(_journal(tmp_path / "j.jsonl"))
+    }
+    assert rows["qa", "gradient"]["items"] == 4 and rows["qa", "gradient"]["cpu_s_per_item"] == 1.5
+    # an agreement item's two modes are one explained item
+    assert rows["ra", "gradient"]["items"] == 2 and rows["ra", "gradient"]["cpu_s_per_item"] == 2.0
+    assert rows["qa", "screening"]["cpu_s"] == 32.0 and rows["qa", "screening"]["items"] == 50
+    assert (
+        rows["qa", run_costs.TUNING]["cpu_s"] == 15.0 and rows["qa", run_costs.TUNING]["items"] == 3
+    )
+    # at n items: per-item costs scale with n, the tuning and the screening do not
+    expected = run_costs.expected_cpu_s(list(rows.values()), 100)
+    assert expected == pytest.approx(1.5 * 100 + 2.0 * 100 + 32.0 + 15.0)
+
+
+def test_cli_prints_per_task_totals_and_the_expected_hours(tmp_path, capsys):
+    text = run_costs.main([str(_journal(tmp_path / "j.jsonl")), "--n", "100"])
+    assert "qa: 1.5 CPU-s per item (all methods), tuning 15 s, screening 32 s" in text
+    assert "ra: 2.0 CPU-s per item (all methods), tuning 0 s" in text
+    assert "expected at n=100: 397 CPU-s = 0.1 CPU-h" in text
+    with pytest.raises(SystemExit):
+        run_costs.main([str(tmp_path / "missing")])
