@@ -122,6 +122,12 @@ def test_target_rows_match_the_authors_definition(models64, arch):
     full = attribute(model, PROMPTS, target, method="value_zeroing", batch_size=5)
     assert not mean.mask.all()
     torch.testing.assert_close(mean.layer_scores, full.layer_scores, rtol=0, atol=1e-12)
+    # one-token rows in chunks of batch_size × padded length: here fewer than the rows
+    small = attribute(
+        model, PROMPTS, target, method="value_zeroing", aggregation="mean", batch_size=1
+    )
+    assert mean.mask.shape[1] < int(mean.mask.sum()) + len(PROMPTS)
+    torch.testing.assert_close(small.layer_scores, mean.layer_scores, rtol=0, atol=1e-12)
     torch.testing.assert_close(mean.scores, full.layer_scores.mean(1), rtol=0, atol=1e-12)
     for b in range(len(PROMPTS)):
         m = mean.mask[b]
