@@ -101,6 +101,7 @@ from experiments.method_settings import (
     setting_notes,
     unit_suffix,
 )
+from experiments.pooling_share import PoolingShare
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
@@ -369,13 +370,20 @@ def unit_records(
     pred: list[Any],
     examples: list[Any] | None = None,
     options: dict[str, Any] | None = None,
+    share: PoolingShare | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
     record per item × metric, and for IG its completeness gaps); ``examples`` receives the
-    first item's Attribution; ``options``: the method's (default :func:`method_options`)."""
+    first item's Attribution; ``options``: the method's (default :func:`method_options`);
+    ``share``: the batch's :class:`~experiments.pooling_share.PoolingShare` (one IG pass for a
+    signed and a pooled unit)."""
     name, variant = split_variant(method)
     options = method_options(name, proto.seed, variant) if options is None else options
-    attr = attribute(model, inputs, target, method=base_method(method), **options)
+
+    def call(label: str, opts: dict[str, Any]) -> Any:
+        return attribute(model, inputs, target, method=base_method(label), **opts)
+
+    attr = call(method, options) if share is None else share.attribution(method, call)
     if examples is not None:
         examples.append(attr[0])
     scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options)
@@ -395,6 +403,15 @@ def unit_records(
         for r in scored
     ]
     return records + gaps
+
+
+def batch_share(
+    units: Units, keys: dict[str, str], items: list[int], options: dict[str, dict[str, Any]]
+) -> PoolingShare:
+    """The batch's :class:`~experiments.pooling_share.PoolingShare`: its pending units are
+    those the journal does not hold."""
+    pending = [m for m, key in keys.items() if units.stored(key, items) is None]
+    return PoolingShare(options, pending)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -737,14 +754,17 @@ def run_classifiers(
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(inputs[sl])))
+            keys = {
+                m: f"{dataset}:{clf_id}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in ds_methods
+            }
+            share = batch_share(units, keys, items, opts)
             for method in ds_methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, proto,
-                    None if regression else gold_t[sl], gold, pred, keep, opts[method],
+                    None if regression else gold_t[sl], gold, pred, keep, opts[method], share,
                 )  # fmt: skip
-                key = f"{dataset}:{clf_id}:{items_id}|{method}{unit_suffix(method, opts[method])}"
-                records += units.get(key, items, compute)
+                records += units.get(keys[method], items, compute)
         if regression:
             for method in ds_methods:
                 where = {"dataset": dataset, "method": method}
@@ -771,12 +791,13 @@ def classifier_unit(
     pred: list[Any],
     examples: list[Any] | None = None,
     options: dict[str, Any] | None = None,
+    share: PoolingShare | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric of
     ``proto`` and the curve points); ``examples`` receives the first item's Attribution."""
     return unit_records(
         model, dataset, inputs, clf.target(), method, start, proto, gold_batch, gold, pred,
-        examples, options,
+        examples, options, share,
     )  # fmt: skip
 
 
@@ -831,14 +852,15 @@ def run_zero_shot(
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(prompts[sl])))
             target = Target(token=[ids[p] for p in pred[sl]])
+            keys = {m: f"{dataset}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in methods}
+            share = batch_share(units, keys, items, opts)
             for method in methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     unit_records, model, dataset, prompts[sl], target, method, start, proto,
-                    None, gold, pred, keep, opts[method],
+                    None, gold, pred, keep, opts[method], share,
                 )  # fmt: skip
-                key = f"{dataset}:{items_id}|{method}{unit_suffix(method, opts[method])}"
-                records += units.get(key, items, compute)
+                records += units.get(keys[method], items, compute)
         if prompts:
             figs += curve_figures(records, dataset, methods)
     return RunResult(records, accuracy, figs, examples, [], depths)

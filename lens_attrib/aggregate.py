@@ -219,6 +219,8 @@ def aggregate(
     scores = reduced(attribution.scores)
     assert scores is not None
     meta = dict(attribution.meta)
+    if isinstance(meta.get("signed_scores"), Tensor):
+        meta["signed_scores"] = reduced(meta["signed_scores"])  # the same units as the scores
     meta["aggregation"] = {
         "unit": unit,
         "reduce": reduce,

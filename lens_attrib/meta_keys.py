@@ -163,6 +163,11 @@ META_KEYS: dict[str, MetaKey] = {
     "prepended_sink": MetaKey(
         "per item, whether a sink token was prepended for the explanation", _IG_DL
     ),
+    "signed_scores": MetaKey(
+        "[batch, pos] the signed Σ_d scores of the same pass (what pooling='sum' returns)",
+        ("integrated_gradients",),
+        when="pooling='l1' or 'l2'",
+    ),
     "n_steps": MetaKey("per item, integrand evaluations spent", ("integrated_gradients",)),
     "panels": MetaKey("per item, quadrature panels of the final rule", ("integrated_gradients",)),
     "step_batch": MetaKey(

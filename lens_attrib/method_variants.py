@@ -13,7 +13,13 @@ before any model is loaded.
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from .attribution import Attribution
 
 VARIANT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[(.*)\])?\s*$")
 
@@ -96,4 +102,33 @@ def split_method_list(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-__all__ = ["base_method", "parse_value", "split_method_list", "split_variant", "variant_label"]
+def signed_variant(attribution: Attribution) -> Attribution:
+    """The ``pooling="sum"`` Attribution carried by a pooled one.
+
+    Integrated Gradients with ``pooling="l1"``/``"l2"`` integrates the signed scores
+    ``R_i = Σ_d (x − b)_{i,d} ∫ ∂f/∂x_{i,d}`` on its way to the per-dimension vectors, and keeps
+    them in ``meta["signed_scores"]``. This returns them as the Attribution of the same call with
+    ``pooling="sum"`` (its ``meta["options"]["pooling"]`` says so; gaps and values are those of
+    the one pass), so a table holding both variants pays for one path integral. Equal, up to
+    floating-point rounding, to calling the method with ``pooling="sum"``.
+    """
+    signed = attribution.meta.get("signed_scores")
+    if not isinstance(signed, Tensor):
+        raise ValueError(
+            f"{attribution.method}: this Attribution has no meta['signed_scores']; only "
+            "integrated_gradients with pooling='l1' or 'l2' records them. Call the method with "
+            "pooling='sum' for its signed scores."
+        )
+    meta = {k: v for k, v in attribution.meta.items() if k != "signed_scores"}
+    meta["options"] = {**meta.get("options", {}), "pooling": "sum"}
+    return replace(attribution, scores=signed, meta=meta)
+
+
+__all__ = [
+    "base_method",
+    "parse_value",
+    "signed_variant",
+    "split_method_list",
+    "split_variant",
+    "variant_label",
+]

@@ -195,3 +195,66 @@ def test_deeplift_norms_pool_the_vectors_whose_sum_is_the_signed_score(
     assert _rel(pooled.scores, POOL[pooling](vectors)[:, shift:] * mask) < 1e-12
     for key in ("relevance_sum", "completeness_gap", "baseline_value"):
         assert torch.equal(pooled.meta[key], signed.meta[key]), key
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+@pytest.mark.parametrize("pooling", ["l1", "l2"])
+def test_pooled_ig_keeps_the_signed_scores_of_its_pass(lockstep, pooling, monkeypatch) -> None:
+    """``meta["signed_scores"]`` of a pooled call == the ``pooling="sum"`` call's scores (the
+    same adaptive panels), padding included; :func:`signed_variant` gives that Attribution."""
+    from lens_attrib.method_variants import signed_variant
+
+    monkeypatch.setattr(ig, "LOCKSTEP", lockstep)
+    model = tiny_llama(dtype=F64)
+    pooled = _adaptive(model, PROMPTS, pooling)
+    signed = _adaptive(model, PROMPTS, "sum")
+    assert "signed_scores" not in signed.meta
+    kept = pooled.meta["signed_scores"]
+    assert kept.shape == signed.scores.shape
+    assert _rel(kept, signed.scores) < 1e-12
+    assert not bool(kept[~pooled.mask].any())  # zero at padding, as the scores
+    derived = signed_variant(pooled)
+    assert torch.equal(derived.scores, kept)
+    assert derived.meta["options"]["pooling"] == "sum"
+    assert "signed_scores" not in derived.meta
+    assert pooled.meta["options"]["pooling"] == pooling  # the pooled one is left as it was
+    for i in range(len(PROMPTS)):
+        assert _rel(derived.item_scores(i), signed.item_scores(i)) < 1e-12
+    for key in ("completeness_gap", "relevance_sum", "explained_value", "baseline_value"):
+        assert torch.equal(derived.meta[key], signed.meta[key]), key
+
+
+def test_pooled_ig_signed_scores_on_fixed_steps_and_a_generation() -> None:
+    """The fixed-rule path and a generation's shared path keep the signed scores too; after the
+    explained position of a causal model they are zero, as the scores."""
+    model = tiny_gpt2(dtype=F64)
+    target = Target(generate=3)
+    common = {"method": "integrated_gradients", "n_steps": 6}
+    pooled = attribute(model, PROMPTS[:2], target, pooling="l1", **common)
+    signed = attribute(model, PROMPTS[:2], target, **common)
+    assert _rel(pooled.meta["signed_scores"], signed.scores) < 1e-12
+    fixed = attribute(model, PROMPTS, pooling="l2", **common)
+    plain = attribute(model, PROMPTS, **common)
+    assert _rel(fixed.meta["signed_scores"], plain.scores) < 1e-12
+
+
+def test_signed_variant_of_an_attribution_without_signed_scores_is_an_error() -> None:
+    from lens_attrib.method_variants import signed_variant
+
+    model = tiny_gpt2(dtype=F64)
+    plain = attribute(model, PROMPTS[0], method="integrated_gradients", n_steps=4)
+    with pytest.raises(ValueError, match="pooling='sum'"):
+        signed_variant(plain)
+
+
+def test_word_aggregation_reduces_the_signed_scores_with_the_scores() -> None:
+    from lens_attrib.aggregate import to_words
+
+    model = tiny_gpt2(dtype=F64)
+    pooled = attribute(model, PROMPTS, method="integrated_gradients", n_steps=4, pooling="l1")
+    words = to_words(pooled, reduce="sum")
+    signed_words = to_words(
+        attribute(model, PROMPTS, method="integrated_gradients", n_steps=4), reduce="sum"
+    )
+    assert words.meta["signed_scores"].shape == words.scores.shape
+    assert _rel(words.meta["signed_scores"], signed_words.scores) < 1e-12

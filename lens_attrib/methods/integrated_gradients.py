@@ -779,9 +779,12 @@ def integrated_gradients(
                ``"l1"``/``"l2"``: the norm over ``d`` of each token's integrated vector
                ``Σ_k (e − b)^k_i ⊙ Σ_s w_s ∂f/∂e^k_i`` (unsigned), the ℓ1 aggregation of the
                NormXLogit paper's faithfulness tables (its Section 4). The completeness gap in
-               ``meta`` still refers to the signed sum. Under ``n_steps="auto"`` the vectors are
-               taken at the nodes of each item's final panels once the signed rule has converged
-               (:func:`final_rule_vectors`; one more pass over those nodes).
+               ``meta`` still refers to the signed sum, and ``meta["signed_scores"]`` holds the
+               signed scores of the same pass (what ``pooling="sum"`` returns), so one call
+               gives both (:func:`lens_attrib.method_variants.signed_variant`). Under
+               ``n_steps="auto"`` the vectors are taken at the nodes of each item's final panels
+               once the signed rule has converged (:func:`final_rule_vectors`; one more pass over
+               those nodes).
     keep_sink: which tokens keep their embedding (are not on the path, get no relevance) under a
                named baseline. ``"special"`` (default): the special tokens only (BOS/CLS/SEP), so
                every real token is attributed. Text prompts already begin with the model's start
@@ -851,6 +854,7 @@ def integrated_gradients(
     ]
     scores = torch.zeros(batch.size, batch.length, dtype=real.value.dtype)
     scores = scores.to(batch.tokens.device)
+    signed = torch.zeros_like(scores)
     gaps = torch.zeros(batch.size, dtype=real.value.dtype)
     used, panels, batches = [0] * batch.size, [1] * batch.size, [0] * batch.size
     device = batch.tokens.device
@@ -870,6 +874,7 @@ def integrated_gradients(
         )
         for b, (path, result) in enumerate(zip(paths, results)):
             item_scores = result.scores
+            signed[b, path.columns] = item_scores[int(path.prepended) :].to(signed)
             if pooling != "sum":
                 rows = rows_per_forward(
                     arch, path.batch.length, PANEL_POINTS * (len(result.edges) - 1), step_batch,
@@ -891,6 +896,7 @@ def integrated_gradients(
             total = path_integral(model, path, names, head, alphas, weights, rows)
             item_scores = grad_x_input_scores(path.deltas, total)[0]
             gap = float(path.value - path.base_value - item_scores.sum())
+            signed[b, path.columns] = item_scores[int(path.prepended) :].to(signed)
             if pooling != "sum":
                 item_scores = grad_x_input_scores(path.deltas, total, pooling)[0]
             used[b] = n_steps
@@ -908,6 +914,7 @@ def integrated_gradients(
                 max_points=max_steps,
             )
             item_scores, gap = result.scores, result.gap
+            signed[b, path.columns] = item_scores[int(path.prepended) :].to(signed)
             if pooling != "sum":
                 total = final_rule_vectors(model, path, names, head, result.edges, rule, rows)
                 item_scores = grad_x_input_scores(path.deltas, total, pooling)[0]
@@ -925,6 +932,7 @@ def integrated_gradients(
         resolved,
         options={"baseline": baseline_used if isinstance(baseline_used, str) else "tensor"},
         meta={
+            **({} if pooling == "sum" else {"signed_scores": signed}),
             "explained_value": value,
             "baseline_value": base_value,
             "relevance_sum": (value - base_value - gaps),
@@ -975,6 +983,7 @@ def shared_integrated_gradients(
     scores and meta as explaining each step row alone."""
     dtype, device = real.value.dtype, batch.tokens.device
     scores = torch.zeros(batch.size, batch.length, dtype=dtype, device=device)
+    signed = torch.zeros_like(scores)
     gaps = torch.zeros(batch.size, dtype=dtype)
     value = torch.zeros(batch.size, dtype=dtype)
     base_value = torch.zeros(batch.size, dtype=dtype)
@@ -997,9 +1006,12 @@ def shared_integrated_gradients(
         value[idx] = path.value.detach().cpu().to(dtype)
         base_value[idx] = path.base_value.detach().cpu().to(dtype)
         gaps[idx] = (path.value - path.base_value - step_scores.sum(-1)).detach().cpu().to(dtype)
+        cols = path.columns.to(device)
+        signed[rows.to(device)[:, None], cols[None]] = step_scores[:, int(path.prepended) :].to(
+            signed
+        )
         if pooling != "sum":
             step_scores = grad_x_input_scores(path.deltas, total, pooling)
-        cols = path.columns.to(device)
         scores[rows.to(device)[:, None], cols[None]] = step_scores[:, int(path.prepended) :].to(
             scores
         )
@@ -1011,6 +1023,7 @@ def shared_integrated_gradients(
         real.resolved,
         options={"baseline": baseline if isinstance(baseline, str) else "tensor"},
         meta={
+            **({} if pooling == "sum" else {"signed_scores": signed}),
             "explained_value": value,
             "baseline_value": base_value,
             "relevance_sum": (value - base_value - gaps),

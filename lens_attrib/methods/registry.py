@@ -391,10 +391,14 @@ def package(
     at every position after the explained one (it cannot influence the explained scalar)."""
     mask = batch.mask.to(out.scores.device)
     masked: Tensor | None = out.scores.detach().masked_fill(~mask, 0.0)
+    signed: Tensor | None = out.meta.get("signed_scores")
+    if signed is not None:
+        signed = signed.detach().masked_fill(~mask.to(signed.device), 0.0)
     layer_scores, head_token_scores = out.layer_scores, out.head_token_scores
     if batch.arch.causal:
         positions = out.resolved.positions
         masked = zero_after_target(masked, positions, 1)
+        signed = zero_after_target(signed, positions, 1)
         layer_scores = zero_after_target(layer_scores, positions, 2)
         head_token_scores = zero_after_target(head_token_scores, positions, 3)
     assert masked is not None
@@ -424,6 +428,8 @@ def package(
             out.layers if out.layers is not None else list(range(int(out.layer_scores.shape[1])))
         )
     meta.update(out.meta)
+    if signed is not None:
+        meta["signed_scores"] = signed.cpu()  # masked as the scores are
 
     def cpu(t: Tensor | None) -> Tensor | None:
         return None if t is None else t.detach().cpu()
