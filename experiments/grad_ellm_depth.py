@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -224,10 +225,18 @@ def fixed_choice(model: Any, args: Any, where: str) -> DepthChoice | None:
 
 
 def journaled(units: Units, key: str, n_items: int, criterion: Criterion) -> Criterion:
-    """``criterion`` with each depth's per-item values kept in (and read from) the journal."""
+    """``criterion`` with each depth's per-item values kept in (and read from) the journal.
+    A computed unit's cost includes its depth's attribution: the time since the previous
+    depth's criterion returned (or since this wrapper was made), in which
+    :func:`~lens_attrib.evaluation.depth_selection.select_grad_ellm_depth` explains the items."""
+    clock = {"cpu_s": time.process_time(), "wall_s": time.perf_counter()}
 
     def metric(model: Any, attr: Any) -> torch.Tensor:
         depth = int(attr.meta["options"]["n_layers"])
+        spent = {
+            "cpu_s": time.process_time() - clock["cpu_s"],
+            "wall_s": time.perf_counter() - clock["wall_s"],
+        }
 
         def compute() -> list[dict[str, Any]]:
             values = torch.as_tensor(criterion(model, attr), dtype=torch.float64).reshape(-1)
@@ -237,7 +246,8 @@ def journaled(units: Units, key: str, n_items: int, criterion: Criterion) -> Cri
             ]
 
         unit = f"{key}[n_layers={depth}]"
-        rows = units.get(unit, list(range(n_items)), compute)
+        rows = units.get(unit, list(range(n_items)), compute, spent)
+        clock["cpu_s"], clock["wall_s"] = time.process_time(), time.perf_counter()
         return torch.tensor(
             [math.nan if r["criterion"] is None else r["criterion"] for r in rows],
             dtype=torch.float64,

@@ -89,15 +89,27 @@ class Units:
                 return list(line["records"])
         return None
 
-    def get(self, key: str, items: Sequence[int], compute: Callable[[], Records]) -> Records:
-        """The unit's records: from the journal, or ``compute()`` them and journal them."""
+    def get(
+        self,
+        key: str,
+        items: Sequence[int],
+        compute: Callable[[], Records],
+        spent_before: Mapping[str, float] | None = None,
+    ) -> Records:
+        """The unit's records: from the journal, or ``compute()`` them and journal them.
+        ``spent_before``: ``cpu_s``/``wall_s`` the unit already cost outside ``compute`` (e.g.
+        the attributions a criterion scores), added to its journaled cost."""
         found = self.stored(key, items)
         if found is not None:
             self.reused += 1
             return found
         cpu, wall = time.process_time(), time.perf_counter()
         records = compute()
-        cost = {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall}
+        before = spent_before or {}
+        cost = {
+            "cpu_s": time.process_time() - cpu + before.get("cpu_s", 0.0),
+            "wall_s": time.perf_counter() - wall + before.get("wall_s", 0.0),
+        }
         self.computed += 1
         if self.journal is not None:
             info = {"code": self.version, **{k: round(v, 3) for k, v in cost.items()}}

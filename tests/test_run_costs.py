@@ -55,3 +55,30 @@ def test_cli_prints_per_task_totals_and_the_expected_hours(tmp_path, capsys):
     assert "expected at n=100: 397 CPU-s = 0.1 CPU-h" in text
     with pytest.raises(SystemExit):
         run_costs.main([str(tmp_path / "missing")])
+
+
+def test_a_depth_tuning_unit_books_the_attribution_it_scores(tmp_path):
+    """The criterion of a depth is cheap next to explaining the tuning items at that depth,
+    which happens before the criterion is called: its unit's journaled CPU includes that."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from experiments.grad_ellm_depth import journaled
+    from experiments.resume import Units, unit_costs
+
+    path = tmp_path / "records.jsonl.gz"
+    units = Units(None, "agreement", {}, journal=path)
+    metric = journaled(units, "ra:abc|grad_ellm_depth", 2, lambda model, attr: torch.zeros(2))
+    for depth in (1, 4):
+        started = time.process_time()
+        while time.process_time() - started < 0.2:  # the depth's attribution, 0.2 CPU-s
+            pass
+        metric(None, SimpleNamespace(meta={"options": {"n_layers": depth}}))
+    costs = unit_costs(path)
+    assert [c["key"] for c in costs] == [
+        "ra:abc|grad_ellm_depth[n_layers=1]",
+        "ra:abc|grad_ellm_depth[n_layers=4]",
+    ]
+    assert all(c["cpu_s"] >= 0.2 for c in costs), costs

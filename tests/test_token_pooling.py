@@ -130,29 +130,77 @@ def _adaptive(model, prompts, pooling: str):
         )
 
 
-@pytest.mark.parametrize("lockstep", [True, False])
-def test_adaptive_ig_vectors_reproduce_the_signed_rule(lockstep, monkeypatch) -> None:
-    """The vectors taken at the final panels sum over ``d`` to the adaptive signed scores."""
-    monkeypatch.setattr(ig, "LOCKSTEP", lockstep)
+@pytest.mark.parametrize("path", ["lockstep, kept", "lockstep, final pass", "per item"])
+def test_adaptive_ig_vectors_reproduce_the_signed_rule(path, monkeypatch) -> None:
+    """The vectors integrated over the final panels sum over ``d`` to the adaptive signed
+    scores, whether kept from the rounds (lockstep, the default), taken in one more pass over
+    the final nodes (lockstep where they do not fit in memory), or per item (the oracle)."""
+    monkeypatch.setattr(ig, "LOCKSTEP", path != "per item")
+    if path == "lockstep, final pass":
+        monkeypatch.setattr(ig, "vectors_fit", lambda paths, max_steps: False)
     model = tiny_llama(dtype=F64)
     taken: list[torch.Tensor] = []
-    real = ig.final_rule_vectors
+    passes: list[int] = []
+    real_pass, real_lockstep = ig.final_rule_vectors, ig.lockstep_adaptive
 
-    def spy(model, path, names, head, edges, rule, rows):
-        total = real(model, path, names, head, edges, rule, rows)
+    def spy_pass(model, path, names, head, edges, rule, rows):
+        passes.append(len(edges))
+        total = real_pass(model, path, names, head, edges, rule, rows)
         vec = sum(d * t for d, t in zip(path.deltas, total))[0]
         taken.append(vec[int(path.prepended) :].detach())
         return total
 
-    monkeypatch.setattr(ig, "final_rule_vectors", spy)
+    def spy_lockstep(*args, **kwargs):
+        out = real_lockstep(*args, **kwargs)
+        # tiny_llama prompts: no prepended sink, the vectors cover the item's tokens
+        taken.extend(r.vectors.detach() for r in out[0] if r.vectors is not None)
+        return out
+
+    real_final = ig.final_vectors
+    held: list[tuple[int, int]] = []
+
+    def spy_final(kept, edges):
+        held.append((len(kept), len(edges) - 1))
+        return real_final(kept, edges)
+
+    monkeypatch.setattr(ig, "final_rule_vectors", spy_pass)
+    monkeypatch.setattr(ig, "lockstep_adaptive", spy_lockstep)
+    monkeypatch.setattr(ig, "final_vectors", spy_final)
     pooled = _adaptive(model, PROMPTS, "l1")
     signed = _adaptive(model, PROMPTS, "sum")
     assert len(taken) == len(PROMPTS)
+    assert bool(passes) == (path != "lockstep, kept")  # kept: no second pass
+    # only the current panels' integrals are held (a bisected panel's is dropped)
+    assert all(n_kept == n_panels for n_kept, n_panels in held)
+    assert len(held) == (len(PROMPTS) if path == "lockstep, kept" else 0)
+    assert not any(pooled.meta["prepended_sink"])
     assert pooled.meta["n_steps"] == signed.meta["n_steps"]
     assert pooled.meta["panels"] == signed.meta["panels"]
     for i, vec in enumerate(taken):
         assert _rel(vec.sum(-1), signed.item_scores(i)) < 1e-12
         assert _rel(pooled.item_scores(i), vec.abs().sum(-1)) < 1e-12
+
+
+def test_kept_vectors_equal_the_final_pass_with_a_sink_padding_and_an_encoder(
+    monkeypatch,
+) -> None:
+    """Lockstep with kept panel integrals == lockstep with a pass over the final nodes: on
+    Llama token ids without a start token (a prepended sink, a left-padded batch, panels
+    bisected), and on an encoder (right padding)."""
+    llama, bert = tiny_llama(dtype=F64), tiny_bert(dtype=F64)
+    batch = to_batch(llama, PROMPTS)
+    ids = [t[m][1:].tolist() for t, m in zip(batch.tokens, batch.mask)]  # the start token dropped
+    for model, inputs in ((llama, ids), (bert, PROMPTS)):
+        kept = _adaptive(model, inputs, "l2")
+        with monkeypatch.context() as m:
+            m.setattr(ig, "vectors_fit", lambda paths, max_steps: False)
+            final = _adaptive(model, inputs, "l2")
+        assert kept.meta["panels"] == final.meta["panels"]
+        assert _rel(kept.scores, final.scores) < 1e-12
+        assert torch.equal(kept.meta["completeness_gap"], final.meta["completeness_gap"])
+        if model is llama:
+            assert all(kept.meta["prepended_sink"]) and max(kept.meta["panels"]) > 2
+            assert not bool(kept.mask.all())
 
 
 def test_adaptive_ig_norm_batched_equals_single() -> None:

@@ -20,6 +20,7 @@ forward each. The baselines are per position, so by causality step ``s`` equals 
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from lens_attrib.methods.backprop import (
     VJP_TOKENS,
     batched_vjp,
     grad_x_input_scores,
+    pool_tokens,
 )
 from lens_attrib.methods.baselines import (
     SINK_MODES,
@@ -529,10 +531,12 @@ def lockstep_forward(
     item_of_row: Sequence[int],
     alphas: Float[Tensor, "rows"],
     node: Sequence[bool],
+    vectors: bool = False,
 ) -> tuple[list[Tensor], Float[Tensor, "rows"]]:
     """One forward of path points of several items (padded rows, :func:`_padded_rows`): every
     row's ``f(b + α (x − b))`` and, for the ``node`` rows, its per-token integrand
-    ``Σ_k Σ_d (x − b)^k_d ∂f/∂e^k_d`` (its own positions, ``[len]``; other rows: empty)."""
+    ``Σ_k Σ_d (x − b)^k_d ∂f/∂e^k_d`` (its own positions, ``[len]``; other rows: empty);
+    ``vectors``: the integrand per dimension instead, ``Σ_k (x − b)^k ∂f/∂e^k`` (``[len, d]``)."""
     batch, offsets = _padded_rows(paths, item_of_row)
     dtype, device = paths[0].deltas[0].dtype, batch.tokens.device
     rows, length = batch.size, batch.length
@@ -573,10 +577,11 @@ def lockstep_forward(
         grads = torch.autograd.grad(
             value[grad_rows].sum(), [st[0] for st in stores], allow_unused=True
         )
-        per_row = torch.zeros(rows, length, dtype=dtype, device=device)
+        shape = (rows, length, int(deltas[0].shape[-1])) if vectors else (rows, length)
+        per_row = torch.zeros(shape, dtype=dtype, device=device)
         for d, g in zip(deltas, grads):
             if g is not None:
-                per_row += (d * g).sum(-1)
+                per_row += d * g if vectors else (d * g).sum(-1)
         per_row = per_row.detach().cpu()
         for r, (b, off) in enumerate(zip(item_of_row, offsets)):
             if node[r]:
@@ -591,32 +596,41 @@ def lockstep_round(
     head: Any,
     requests: dict[int, Request],
     max_rows: Any,
-) -> tuple[dict[int, tuple[Tensor, Tensor]], dict[int, int]]:
+    vectors: bool = False,
+) -> tuple[dict[int, tuple[Tensor, Tensor]], dict[int, int], dict[int, Tensor]]:
     """The answers ``(node scores [n, len], values [m])`` to one round's ``requests`` of many
     items, their rows run together (:func:`~lens_attrib.length_buckets.plan_forwards`:
     neighbouring lengths padded together where that is cheaper); also the largest forward each
-    item's rows were in."""
+    item's rows were in, and with ``vectors`` every requested panel's per-dimension integral
+    ``Σ_s w_s Σ_k (x − b)^k ∂f/∂e^k(α_s)`` (``[panels, len, d]`` per item, the node vectors
+    added into their panel as each forward ends; else empty)."""
     item_of_row: list[int] = []
     alphas: list[Tensor] = []
     node: list[bool] = []
+    node_index: list[int] = []
     for b, req in requests.items():
         for part, is_node in ((req.nodes, True), (req.values, False)):
             item_of_row += [b] * int(part.numel())
             alphas.append(part)
             node += [is_node] * int(part.numel())
+            node_index += list(range(int(part.numel())))
     alpha = torch.cat(alphas)
     lengths = [paths[b].batch.length for b in item_of_row]
     scores: list[Tensor | None] = [None] * len(item_of_row)
     values = torch.zeros(len(item_of_row), dtype=torch.float64)
     largest: dict[int, int] = {}
+    panel_vectors: dict[int, Tensor] = {}
     for rows in plan_forwards(lengths, max_rows):
         items = [item_of_row[r] for r in rows]
         with torch.enable_grad():
             got, val = lockstep_forward(
-                model, paths, names, head, items, alpha[rows], [node[r] for r in rows]
+                model, paths, names, head, items, alpha[rows], [node[r] for r in rows], vectors
             )
         for r, g, v in zip(rows, got, val.tolist()):
             scores[r], values[r] = g, v
+            if vectors and node[r]:
+                b, j = item_of_row[r], node_index[r]
+                scores[r] = add_node_vector(panel_vectors, requests, b, j, g)
         for b in items:
             largest[b] = max(largest.get(b, 0), len(rows))
         advance(sum(node[r] for r in rows))
@@ -626,7 +640,25 @@ def lockstep_round(
         node_scores = [scores[r] for r in mine if node[r]]
         f = values[[r for r in mine if not node[r]]].to(paths[b].value.dtype)
         answers[b] = (torch.stack([s for s in node_scores if s is not None]), f)
-    return answers, largest
+    return answers, largest, panel_vectors
+
+
+def add_node_vector(
+    panel_vectors: dict[int, Tensor],
+    requests: dict[int, Request],
+    item: int,
+    j: int,
+    vector: Float[Tensor, "len d"],
+) -> Float[Tensor, "len"]:
+    """Add node ``j``'s weighted vector into its panel's integral (``panel_vectors[item]``,
+    ``[panels, len, d]``, made at the item's first node); return its per-token integrand."""
+    req = requests[item]
+    assert req.weights is not None
+    per_panel = int(req.nodes.numel()) // len(req.panels)
+    if item not in panel_vectors:
+        panel_vectors[item] = vector.new_zeros(len(req.panels), *vector.shape)
+    panel_vectors[item][j // per_panel] += float(req.weights[j]) * vector
+    return vector.sum(-1)
 
 
 def lockstep_adaptive(
@@ -639,12 +671,16 @@ def lockstep_adaptive(
     tolerance: float,
     max_steps: int,
     step_batch: int | None,
+    vectors: bool = False,
 ) -> tuple[list[QuadratureResult], list[int], int]:
     """The adaptive panels of every item (:func:`~.path_quadrature.adaptive_rounds`) advanced
     together: per round one set of forwards holds every unfinished item's nodes and the
     midpoint values of its new panels (the same panels, splits and numbers as each item alone,
     up to floating-point summation order). Returns the results, the largest forward each
-    item's rows were in, and the number of rounds."""
+    item's rows were in, and the number of rounds. ``vectors``: every result also holds the
+    per-dimension integral over its final panels (``QuadratureResult.vectors``, ``[len, d]``),
+    each panel's kept from the round that made it (a bisected panel's is dropped), so the
+    norm poolings need no second pass over the final nodes."""
     a0, w0 = quadrature(PANEL_POINTS, rule)
     alphas = torch.tensor(a0, dtype=torch.float64)
     weights = torch.tensor(w0, dtype=torch.float64)
@@ -661,6 +697,7 @@ def lockstep_adaptive(
     }
     requests = {b: next(g) for b, g in rounds.items()}
     results: dict[int, QuadratureResult] = {}
+    kept: dict[int, dict[tuple[float, float], Tensor]] = {b: {} for b in rounds}
     largest = [0] * len(paths)
     n_rounds = 0
     device = paths[0].batch.tokens.device
@@ -671,21 +708,58 @@ def lockstep_adaptive(
         def max_rows(length: int, total: int = total) -> int:
             return rows_per_forward(arch, length, total, step_batch, device)
 
-        answers, used = lockstep_round(model, paths, names, head, requests, max_rows)
+        answers, used, panel_vectors = lockstep_round(
+            model, paths, names, head, requests, max_rows, vectors
+        )
         n_rounds += 1
         for b, rows in used.items():
             largest[b] = max(largest[b], rows)
+        for b, got in panel_vectors.items():
+            keep_panels(kept[b], requests[b].panels, got)
         for b, answer in answers.items():
             try:
                 requests[b] = rounds[b].send(answer)
             except StopIteration as done:
                 results[b] = done.value
+                if vectors:
+                    results[b].vectors = final_vectors(kept.pop(b), results[b].edges)
                 del requests[b]
     return [results[b] for b in range(len(paths))], largest, n_rounds
 
 
+def keep_panels(
+    kept: dict[tuple[float, float], Tensor],
+    panels: Sequence[tuple[float, float]],
+    integrals: Float[Tensor, "panels len d"],
+) -> None:
+    """Keep a round's new panels' integrals; drop the panels they halve (each pair of halves
+    ``(lo, m), (m, hi)`` replaces ``(lo, hi)``)."""
+    for left, right in zip(panels[::2], panels[1::2]):
+        kept.pop((left[0], right[1]), None)
+    for panel, integral in zip(panels, integrals):
+        kept[panel] = integral
+
+
+def final_vectors(
+    kept: dict[tuple[float, float], Tensor], edges: Sequence[float]
+) -> Float[Tensor, "len d"]:
+    """The per-dimension integral over the final panels (``edges``), from the kept panels."""
+    return torch.stack([kept[(lo, hi)] for lo, hi in itertools.pairwise(edges)]).sum(0)
+
+
 STEP_MEMORY_SHARE = 0.25
 """Share of the free memory (host or GPU) one IG forward's interpolation rows may take."""
+
+
+def vectors_fit(paths: Sequence[ItemPath], max_steps: int) -> bool:
+    """Whether the per-dimension panel integrals of the norm poolings may be kept while the
+    adaptive rounds run (:func:`lockstep_adaptive`): at most ``max_steps / PANEL_POINTS`` panels
+    of ``[len, d]`` per item, in host memory, within ``STEP_MEMORY_SHARE`` of the free memory.
+    Else the vectors are taken in one more pass over the final nodes."""
+    panels = max(1, max_steps // PANEL_POINTS)
+    per_value = paths[0].deltas[0].element_size() * int(paths[0].deltas[0].shape[-1])
+    need = sum(panels * p.batch.length * per_value for p in paths)
+    return need <= STEP_MEMORY_SHARE * available_memory(torch.device("cpu"))
 
 
 def rows_per_forward(
@@ -782,9 +856,11 @@ def integrated_gradients(
                ``meta`` still refers to the signed sum, and ``meta["signed_scores"]`` holds the
                signed scores of the same pass (what ``pooling="sum"`` returns), so one call
                gives both (:func:`lens_attrib.method_variants.signed_variant`). Under
-               ``n_steps="auto"`` the vectors are taken at the nodes of each item's final panels
-               once the signed rule has converged (:func:`final_rule_vectors`; one more pass over
-               those nodes).
+               ``n_steps="auto"`` the panels are those of the signed rule, and each panel's
+               vector integral is kept from the round that evaluated its nodes
+               (:func:`lockstep_adaptive`), so the poolings cost what the signed sum costs;
+               where those integrals would not fit in memory (:func:`vectors_fit`), the vectors
+               are taken in one more pass over the final nodes (:func:`final_rule_vectors`).
     keep_sink: which tokens keep their embedding (are not on the path, get no relevance) under a
                named baseline. ``"special"`` (default): the special tokens only (BOS/CLS/SEP), so
                every real token is attributed. Text prompts already begin with the model's start
@@ -871,11 +947,14 @@ def integrated_gradients(
             tolerance=tolerance,
             max_steps=max_steps,
             step_batch=step_batch,
+            vectors=pooling != "sum" and vectors_fit(paths, max_steps),
         )
         for b, (path, result) in enumerate(zip(paths, results)):
             item_scores = result.scores
             signed[b, path.columns] = item_scores[int(path.prepended) :].to(signed)
-            if pooling != "sum":
+            if result.vectors is not None:
+                item_scores = pool_tokens(result.vectors[None], pooling)[0]
+            elif pooling != "sum":
                 rows = rows_per_forward(
                     arch, path.batch.length, PANEL_POINTS * (len(result.edges) - 1), step_batch,
                     device,

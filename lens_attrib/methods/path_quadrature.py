@@ -26,7 +26,7 @@ per-token integrand at each node) and ``values(alphas) -> [n]`` (``f`` at each Î
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float
@@ -61,6 +61,9 @@ class QuadratureResult:
     gap: float
     n_points: int
     edges: list[float]
+    vectors: Tensor | None = None
+    """A caller's integral of more than the scores over the final panels (e.g. the
+    per-dimension vectors whose sum over ``d`` the scores are); ``None`` unless it added one."""
 
 
 def mapped_rule(
@@ -102,10 +105,16 @@ def to_bisect(panels: list[Panel]) -> list[int]:
 @dataclass
 class Request:
     """What one round of :func:`adaptive_rounds` needs: the integrand at ``nodes`` and ``f`` at
-    ``values`` (the midpoints of the panels it bisects; may be empty)."""
+    ``values`` (the midpoints of the panels it bisects; may be empty). ``panels``: the new
+    panels ``(lo, hi)`` whose rules the nodes are (the same number of nodes each, in order),
+    ``weights``: each node's weight in its panel's rule; a round's halves come in pairs that
+    replace the panel ``(left.lo, right.hi)``. A caller may use them to integrate more than the
+    scores (e.g. per-dimension vectors) over the same panels."""
 
     nodes: Float[Tensor, "n"]
     values: Float[Tensor, "m"]
+    panels: list[tuple[float, float]] = field(default_factory=list)
+    weights: Float[Tensor, "n"] | None = None
 
 
 Rounds = Generator[Request, tuple[Tensor, Tensor], QuadratureResult]
@@ -132,7 +141,7 @@ def adaptive_rounds(
     inner = torch.tensor(edges[1:-1], dtype=alphas.dtype)
     panels = [Panel(edges[i], edges[i + 1], f0, f1) for i in range(first_panels)]
     nodes, scaled, owner = mapped_rule(panels, alphas, weights)
-    per_node, f_inner = yield Request(nodes, inner)
+    per_node, f_inner = yield Request(nodes, inner, [(p.lo, p.hi) for p in panels], scaled)
     ends = [f0, *[float(v) for v in f_inner.tolist()], f1]
     for i, (panel, row) in enumerate(zip(panels, panel_sums(per_node, scaled, owner, len(panels)))):
         panel.f_lo, panel.f_hi, panel.scores = ends[i], ends[i + 1], row
@@ -154,7 +163,7 @@ def adaptive_rounds(
             for lo, hi in ((panels[i].lo, m), (m, panels[i].hi))
         ]
         nodes, scaled, owner = mapped_rule(halves, alphas, weights)
-        per_node, f_mid = yield Request(nodes, mids)
+        per_node, f_mid = yield Request(nodes, mids, [(h.lo, h.hi) for h in halves], scaled)
         sums = panel_sums(per_node, scaled, owner, len(halves))
         replaced: dict[int, tuple[Panel, Panel]] = {}
         for k, (i, fm) in enumerate(zip(split, f_mid.tolist())):
