@@ -1,6 +1,6 @@
 """Benchmark Integrated Gradients with a norm pooling beside its signed sum, as a table holds both.
 
-    python -m benchmarks.bench_ig_pooling [--n 10] [--batch-size 10] [--pooling l1]
+    python -m benchmarks.bench_ig_pooling [--n 4] [--batch-size 4] [--pooling l1]
 
 Items: the first ``--n`` SST-2 validation sentences (the faithfulness experiment's draw, seed 0,
 at most 128 tokens), explained for the built-in ``smollm2-135m-sst2`` classifier's predicted
@@ -44,8 +44,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--pooling", default="l1", choices=["l1", "l2"])
     args = parser.parse_args()
     torch.set_num_threads(1)

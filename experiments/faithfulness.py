@@ -108,7 +108,7 @@ from lens_attrib.backend import arch_of
 from lens_attrib.classifiers import Classifier, load_classifier, stsb_split
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
-from lens_attrib.evaluation import pearson_drop
+from lens_attrib.evaluation import ForwardMemo, pearson_drop
 from lens_attrib.evaluation.items import method_options
 from lens_attrib.evaluation.metrics import SOFT_BASE, ScoreOptions, score
 from lens_attrib.evaluation.records import AOPCCurves, PiCurves, curve_points
@@ -371,12 +371,14 @@ def unit_records(
     examples: list[Any] | None = None,
     options: dict[str, Any] | None = None,
     share: PoolingShare | None = None,
+    memo: ForwardMemo | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
     record per item × metric, and for IG its completeness gaps); ``examples`` receives the
     first item's Attribution; ``options``: the method's (default :func:`method_options`);
     ``share``: the batch's :class:`~experiments.pooling_share.PoolingShare` (one IG pass for a
-    signed and a pooled unit)."""
+    signed and a pooled unit); ``memo``: the batch's
+    :class:`~lens_attrib.evaluation.ForwardMemo` (perturbed forwards shared by its units)."""
     name, variant = split_variant(method)
     options = method_options(name, proto.seed, variant) if options is None else options
 
@@ -386,7 +388,7 @@ def unit_records(
     attr = call(method, options) if share is None else share.attribution(method, call)
     if examples is not None:
         examples.append(attr[0])
-    scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options)
+    scored = score(model, attr, proto.metrics, gold=gold_batch, options=proto.options, memo=memo)
     gaps = gap_records(attr, method, {"dataset": dataset}, start)
     for row in gaps:
         row["gold"], row["prediction"] = gold[row["item"]], pred[row["item"]]
@@ -758,11 +760,13 @@ def run_classifiers(
                 m: f"{dataset}:{clf_id}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in ds_methods
             }
             share = batch_share(units, keys, items, opts)
+            memo = ForwardMemo(clf.model, clf.head)
             for method in ds_methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, proto,
                     None if regression else gold_t[sl], gold, pred, keep, opts[method], share,
+                    memo,
                 )  # fmt: skip
                 records += units.get(keys[method], items, compute)
         if regression:
@@ -792,12 +796,13 @@ def classifier_unit(
     examples: list[Any] | None = None,
     options: dict[str, Any] | None = None,
     share: PoolingShare | None = None,
+    memo: ForwardMemo | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric of
     ``proto`` and the curve points); ``examples`` receives the first item's Attribution."""
     return unit_records(
         model, dataset, inputs, clf.target(), method, start, proto, gold_batch, gold, pred,
-        examples, options, share,
+        examples, options, share, memo,
     )  # fmt: skip
 
 
@@ -854,11 +859,12 @@ def run_zero_shot(
             target = Target(token=[ids[p] for p in pred[sl]])
             keys = {m: f"{dataset}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in methods}
             share = batch_share(units, keys, items, opts)
+            memo = ForwardMemo(model, target.head)
             for method in methods:
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     unit_records, model, dataset, prompts[sl], target, method, start, proto,
-                    None, gold, pred, keep, opts[method], share,
+                    None, gold, pred, keep, opts[method], share, memo,
                 )  # fmt: skip
                 records += units.get(keys[method], items, compute)
         if prompts:

@@ -27,6 +27,7 @@ from lens_attrib.evaluation.plausibility import (
 )
 from lens_attrib.evaluation.records import EvalResult, merge_records, summarize
 from lens_attrib.evaluation.runner import evaluate
+from lens_attrib.evaluation.shared_forwards import ForwardMemo
 from lens_attrib.evaluation.soft import SoftResult, soft_metrics, solve_alpha
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "AOPCResult",
     "CurveResult",
     "EvalResult",
+    "ForwardMemo",
     "MetricRecord",
     "ScoreOptions",
     "SoftResult",

@@ -52,7 +52,7 @@ from torch import Tensor
 from lens_attrib.attribution import Attribution
 from lens_attrib.evaluation.faithfulness import aopc, insertion_deletion
 from lens_attrib.evaluation.plausibility import PLAUSIBILITY_METRICS, degenerate, plausibility
-from lens_attrib.evaluation.shared_forwards import SharedForwards
+from lens_attrib.evaluation.shared_forwards import ForwardMemo, SharedForwards
 from lens_attrib.evaluation.soft import soft_metrics
 
 
@@ -327,12 +327,16 @@ def score(
     evidence: Sequence[Any] | None = None,
     gold: Tensor | Sequence[int] | None = None,
     options: ScoreOptions | None = None,
+    memo: ForwardMemo | None = None,
 ) -> list[MetricRecord]:
     """Every metric in ``metrics`` for every item of ``attribution``, as tidy records.
 
     ``evidence``: per item, its evidence positions among its real tokens (plausibility);
     ``gold``: per item, the gold class (accuracy under perturbation; default: the model's own
-    prediction); ``options``: :class:`ScoreOptions`. Records come family by family in the order
+    prediction); ``options``: :class:`ScoreOptions`; ``memo``: a
+    :class:`~lens_attrib.evaluation.shared_forwards.ForwardMemo` of ``model`` and the
+    attribution's head, to share perturbed forwards with earlier calls on the same items (e.g.
+    the other methods of a table). Records come family by family in the order
     the families are first asked for, and within a family metric by metric in the order asked,
     items (and curve points, point by point) inside; each family's computation runs once.
     """
@@ -349,6 +353,7 @@ def score(
         attribution.target.head,
         options.max_batch,
         patterns="soft_fixed" in by_family,
+        memo=memo,
     )
     ctx = Context(model, attribution, evidence, gold_t, options, shared)
     return [r for family, wanted in by_family.items() for r in FAMILIES[family](ctx, wanted)]

@@ -370,6 +370,8 @@ def _distances(
     mask_of: list[Any] = []
     index: list[Tensor] = []
     firsts_of: list[list[int]] = []
+    memo, memo_keys = shared.memo, {}
+    found: dict[tuple[int, int], Tensor] = {}
     for b, plan in enumerate(plans):
         keys, masks = _row_masks(plan, d_model, per_element)
         mask_of.append(masks)
@@ -383,6 +385,13 @@ def _distances(
                 continue  # the clean forward, already made
             if not per_element and bool(masks([k]).all()):
                 continue
+            if memo is not None and not keys[k].startswith(b"r"):  # keyed by its mask
+                memo_keys[(b, k)] = (routing, distance, shared.item_key(b), keys[k])
+                kept = memo.soft.get(memo_keys[(b, k)])
+                if kept is not None:
+                    found[(b, k)] = kept
+                    memo.served += 1
+                    continue
             rows.append((item.ids, item.target, item.types))
             row_item.append(b)
             row_k.append(k)
@@ -407,7 +416,11 @@ def _distances(
     outs = forward_by_length(
         model, rows, head=head, max_batch=max_batch, hooks=hooks, reduce=reduce
     )
-    found = {(b, k): d for b, k, d in zip(row_item, row_k, outs)}
+    for b, k, d in zip(row_item, row_k, outs):
+        found[(b, k)] = d
+        if (b, k) in memo_keys:
+            assert memo is not None
+            memo.soft[memo_keys[(b, k)]] = d
     result = []
     for b in range(len(plans)):
         clean_d = _three_distances(clean[b : b + 1], clean[b : b + 1], distance)[0]
