@@ -53,7 +53,6 @@ class PoolingShare:
         self.options = {m: dict(o) for m, o in options.items()}
         self.pending = set(pending)
         self.kept: dict[str, Attribution] = {}
-        self.calls = 0
 
     def _siblings(self, method: str) -> list[str]:
         group = sibling_group(method, self.options[method])
@@ -74,12 +73,9 @@ class PoolingShare:
         if not is_pooled(options):
             pooled = [m for m in siblings if is_pooled(self.options[m])]
             if not pooled:
-                self.calls += 1
                 return call(method, options)
-            self.calls += 1
             self.kept[pooled[0]] = call(pooled[0], self.options[pooled[0]])
             return signed_variant(self.kept[pooled[0]])
-        self.calls += 1
         attr = call(method, options)
         for m in siblings:
             if not is_pooled(self.options[m]) and m not in self.kept:
