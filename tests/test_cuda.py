@@ -116,7 +116,9 @@ def test_every_method_on_cuda_gives_the_cpu_result(name: str, arch: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("name", "arch", "options"), EXTRA, ids=[f"{n}-{a}-{o}" for n, a, o in EXTRA]
+    ("name", "arch", "options"),
+    EXTRA,
+    ids=["-".join([n, a, *(f"{k}={v}" for k, v in o.items())]) for n, a, o in EXTRA],
 )
 def test_the_runs_options_on_cuda_give_the_cpu_result(
     name: str, arch: str, options: dict[str, Any]
