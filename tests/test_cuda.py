@@ -9,7 +9,8 @@ arrays switched on), plus the options the paper-size runs use (adaptive IG, its 
 variants), the CUDA copy's result equals the CPU model's, array by array, to
 :data:`DEVICE_TOL` relative to each array's largest magnitude, and the CUDA model is left exactly
 as it was. The evaluation layer (AOPC, insertion/deletion, Soft/π-Soft under both routings, with
-and without a :class:`~lens_attrib.evaluation.ForwardMemo`) gives the CPU's records.
+and without a :class:`~lens_attrib.evaluation.ForwardMemo`; the metrics and options of
+:mod:`tests.test_forward_memo`) gives the CPU's records.
 
 Tolerance: the two devices compute the same float64 operations with other kernels (cuBLAS
 blocks its sums otherwise than the CPU's BLAS, softmax and norms reduce in another order), so
@@ -31,8 +32,7 @@ from model_state import model_state, state_changes
 
 from lens_attrib import Target, attribute
 from lens_attrib.attribution import Attribution
-from lens_attrib.evaluation import ForwardMemo, ScoreOptions, score
-from lens_attrib.evaluation.metrics import SOFT_BASE
+from lens_attrib.evaluation import ForwardMemo, score
 from tests.test_contract import (
     ARCHS,
     CASES,
@@ -45,6 +45,8 @@ from tests.test_contract import (
     options_of,
     scale_of,
 )
+from tests.test_forward_memo import NAMES as METRICS
+from tests.test_forward_memo import OPTIONS
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -125,20 +127,7 @@ def test_the_runs_options_on_cuda_give_the_cpu_result(
 ) -> None:
     got, want, changes = both(name, arch, options)
     assert changes == [], changes
-    assert_same_arrays(got, want)
-    if "signed_scores" in want.meta:
-        assert torch.equal(got.meta["signed_scores"].isnan(), want.meta["signed_scores"].isnan())
-
-
-METRICS = ["comprehensiveness", "sufficiency", "deletion_auc", "insertion_auc"] + [
-    m + s for s in ("", "_fixed") for m in SOFT_BASE
-]
-OPTIONS = ScoreOptions(
-    max_batch=7,
-    aopc={"fractions": (0.1, 0.3, 0.5, 0.9), "label": "target"},
-    curves={"steps": 4, "label": "target"},
-    soft={"pis": (0.2, 0.5, 0.8), "n_draws": 3},
-)
+    assert_same_arrays(got, want)  # meta["signed_scores"] of the pooled IG included
 
 
 def records(model: Any, methods: tuple[str, ...], memo: bool) -> dict[tuple, float]:
