@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-tl4 lint install
+.PHONY: demo test test-tl4 test-cuda lint install
 
 $(STAMP): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed: set PYTHON=/path/to/python3.11"; exit 1; }
@@ -28,6 +28,11 @@ demo: $(STAMP)
 # The suite runs on one worker per core, at most 4 (each worker loads the models it tests).
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4
+
+# On a machine with a CUDA GPU: every method and metric on the GPU == on the CPU (tests/test_cuda.py;
+# skipped, as a whole, where no GPU is visible).
+test-cuda: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

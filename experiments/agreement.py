@@ -87,6 +87,7 @@ import torch
 
 from experiments.common import (
     base_parser,
+    device_label,
     format_table,
     parse_list,
     pct,
@@ -788,6 +789,7 @@ def run(
         resume=args.resume,
         overwrite=args.overwrite,
         journal=args.journal,
+        device=device_label(args.device),
     )
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}

@@ -68,6 +68,16 @@ def get_model(name: str, device: str = "cpu") -> Any:
     return _MODELS[key]
 
 
+def device_label(device: str | torch.device) -> str:
+    """Where a run computes, as journaled with each unit: ``cpu``, or e.g.
+    ``cuda:0 (NVIDIA H200)`` (the accelerator's name, since its CPU seconds are not the work's)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev.type
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
 def setup(args: argparse.Namespace) -> Any:
     """Threads, gradients on (methods need them); the model."""
     if args.threads:

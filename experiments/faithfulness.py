@@ -78,6 +78,7 @@ import torch
 
 from experiments.common import (
     base_parser,
+    device_label,
     format_table,
     parse_list,
     setup,
@@ -441,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         resume=args.resume,
         overwrite=args.overwrite,
         journal=args.journal,
+        device=device_label(args.device),
     )
     result = run(model, args, datasets, methods, pis, units)
     records, accuracy, figs, examples = (

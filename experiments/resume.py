@@ -16,8 +16,9 @@ side by side each keep their own ``--journal`` and are merged afterwards
 (:mod:`experiments.merge_journals`). A unit's key
 carries a fingerprint of its items, so units of other items are never taken for it, and its line
 records the code version (package version and git commit) that computed it and the CPU and wall
-seconds it took (``info.cpu_s``, ``info.wall_s``: this process's CPU time, all its threads), from
-which a run's cost per item and its time to finish are read (:func:`unit_costs`).
+seconds it took (``info.cpu_s``, ``info.wall_s``: this process's CPU time, all its threads) and the
+device that computed it (``info.device``), from which a run's cost per item and its time to
+finish are read (:func:`unit_costs`).
 
 ``--journal PATH`` keeps the journal elsewhere, e.g. compressed in a run directory of the
 repository (``docs/results/runs/<name>/records.jsonl.gz`` with ``manifest.json``,
@@ -58,10 +59,14 @@ class Units:
         resume: bool = False,
         overwrite: bool = False,
         journal: str | Path | None = None,
+        device: str = "cpu",
     ) -> None:
         """``journal``: the journal's path (``.jsonl`` or compressed ``.jsonl.gz``) instead of
-        ``<out>/<name>.records.jsonl``; either one makes the run journaled."""
+        ``<out>/<name>.records.jsonl``; either one makes the run journaled. ``device``: where
+        the units are computed (:func:`experiments.common.device_label`), journaled with each
+        unit's cost, since CPU seconds measure the work only of units computed on the CPU."""
         self.journal: Journal | None = None
+        self.device = device
         self.computed = 0
         self.reused = 0
         if journal is not None or out is not None:
@@ -112,7 +117,11 @@ class Units:
         }
         self.computed += 1
         if self.journal is not None:
-            info = {"code": self.version, **{k: round(v, 3) for k, v in cost.items()}}
+            info = {
+                "code": self.version,
+                **{k: round(v, 3) for k, v in cost.items()},
+                "device": self.device,
+            }
             self.journal.append(key, items, records, batch_size=len(items), bucket=0, info=info)
         return records
 
@@ -134,8 +143,9 @@ def journal_file(path: str | Path) -> Path:
 
 
 def unit_costs(path: str | Path) -> list[dict[str, Any]]:
-    """Per journaled unit of ``path``: its key, number of items and CPU / wall seconds (units
-    journaled before costs were recorded are left out)."""
+    """Per journaled unit of ``path``: its key, number of items, CPU / wall seconds and the
+    device it was computed on (units journaled before costs were recorded are left out; units
+    journaled before devices were recorded were computed on the CPU)."""
     from lens_attrib.evaluation.journal import read_lines
 
     rows = []
@@ -148,6 +158,7 @@ def unit_costs(path: str | Path) -> list[dict[str, Any]]:
                     "n_items": len(line["items"]),
                     "cpu_s": float(info["cpu_s"]),
                     "wall_s": float(info["wall_s"]),
+                    "device": str(info.get("device", "cpu")),
                 }
             )
     return rows

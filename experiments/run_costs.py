@@ -9,6 +9,10 @@ item), the one-off costs (the Grad-ELLM depth tuning, qa's screening of the ques
 answers), and with ``--n`` the expected CPU hours of the whole run at ``n`` items per task /
 dataset: ``Σ_where (CPU-s per item × n) + one-off costs``. One process uses one
 core (``--threads 1``), so CPU hours are wall hours of a run that has a core to itself.
+
+Units computed on an accelerator (``info.device`` other than ``cpu``) are left out of the CPU
+figures, whose per-item costs they would understate, and counted on a line of their own per
+device (units, items, wall seconds).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ def cost_table(path: str | Path) -> list[dict[str, Any]]:
     item, all candidates)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for unit in unit_costs(path):
+        if unit["device"] != "cpu":
+            continue
         where, method = split_key(unit["key"])
         method = TUNING if method.startswith(TUNING) else method
         row = rows.setdefault(
@@ -62,6 +68,19 @@ def cost_table(path: str | Path) -> list[dict[str, Any]]:
         row["cpu_s_per_item"] = row["cpu_s"] / row["items"] if row["items"] else float("nan")
         out.append(row)
     return out
+
+
+def accelerator_units(path: str | Path) -> dict[str, dict[str, float]]:
+    """Per accelerator a run's units were computed on: units, unit items and wall seconds."""
+    found: dict[str, dict[str, float]] = {}
+    for unit in unit_costs(path):
+        if unit["device"] == "cpu":
+            continue
+        row = found.setdefault(unit["device"], {"units": 0, "unit_items": 0, "wall_s": 0.0})
+        row["units"] += 1
+        row["unit_items"] += unit["n_items"]
+        row["wall_s"] += unit["wall_s"]
+    return found
 
 
 def expected_cpu_s(rows: Sequence[dict[str, Any]], n: int) -> float:
@@ -101,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> str:
         lines.append(
             f"{where}: {per_item:.1f} CPU-s per item (all methods), tuning {tuning:.0f} s"
             + (f", screening {screening:.0f} s" if screening else "")
+        )
+    for device, row in accelerator_units(journal).items():
+        lines.append(
+            f"on {device} (not in the CPU figures): {row['units']:.0f} units, "
+            f"{row['unit_items']:.0f} unit items, {row['wall_s']:.0f} wall-s"
         )
     if args.n is not None:
         total = expected_cpu_s(rows, args.n)

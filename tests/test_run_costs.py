@@ -82,3 +82,23 @@ def test_a_depth_tuning_unit_books_the_attribution_it_scores(tmp_path):
         "ra:abc|grad_ellm_depth[n_layers=4]",
     ]
     assert all(c["cpu_s"] >= 0.2 for c in costs), costs
+
+
+def test_units_computed_on_an_accelerator_are_left_out_of_the_cpu_figures(tmp_path):
+    """A GPU unit's CPU seconds are not its work: it is counted on a line of its own, and the
+    device each unit ran on is journaled (older units, without it, ran on the CPU)."""
+    from experiments.resume import Units, unit_costs
+
+    path = _journal(tmp_path / "j.jsonl")
+    gpu = Units(None, "agreement", {"n": 4}, journal=path, resume=True, device="cuda:0 (H200)")
+    gpu.get("qa:fff|gradient|plain", [4, 5, 6], lambda: [])
+    costs = unit_costs(path)
+    assert {c["device"] for c in costs[:-1]} == {"cpu"}
+    assert costs[-1]["device"] == "cuda:0 (H200)" and costs[-1]["n_items"] == 3
+    rows = {(r["where"], r["method"]): r for r in run_costs.cost_table(path)}
+    assert rows["qa", "gradient"]["items"] == 4  # the CPU units only
+    assert run_costs.accelerator_units(path) == {
+        "cuda:0 (H200)": {"units": 1, "unit_items": 3, "wall_s": costs[-1]["wall_s"]}
+    }
+    text = run_costs.main([str(path)])
+    assert "on cuda:0 (H200) (not in the CPU figures): 1 units, 3 unit items" in text

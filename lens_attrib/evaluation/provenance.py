@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 
 
 def code_version() -> dict[str, str | None]:
-    """The package version and, when the code is a git checkout, its commit."""
+    """The package version and, when the code is a git checkout, its commit; a copy of a
+    checkout without its ``.git`` (e.g. the tree sent to a GPU machine) names the commit it was
+    copied from in ``LENS_ATTRIB_GIT_COMMIT``."""
     try:
         version: str | None = importlib.metadata.version("lens-attrib")
     except importlib.metadata.PackageNotFoundError:
@@ -34,7 +37,7 @@ def code_version() -> dict[str, str | None]:
         ).stdout.strip()
         commit = head or None
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        commit = os.environ.get("LENS_ATTRIB_GIT_COMMIT") or None
     return {"package": version, "git": commit}
 
 
