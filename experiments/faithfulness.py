@@ -68,6 +68,7 @@ STS-B regression head by AOPC, stated), ``--grad-ellm-depth N`` fixes it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import time
@@ -229,6 +230,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--max-batch", type=int, default=32, help="rows per perturbed forward")
     parser.add_argument("--no-fixed", action="store_true", help="skip fixed-routing π-Soft")
     parser.add_argument("--no-chat", action="store_true", help="plain prompts, no chat template")
+    parser.add_argument(
+        "--tuning-disjoint-from",
+        type=int,
+        default=None,
+        metavar="N",
+        help="classifier mode: draw Grad-ELLM's tuning split outside the items a run of N items "
+        "reports too (N > --n), so that this run tunes on the larger run's split",
+    )
     add_resume_arguments(parser, "faithfulness", "dataset × batch × method")
     add_method_setting_arguments(parser)
     add_depth_arguments(parser, metrics=("pi_soft", "aopc"), metric="pi_soft", tuning_n=20)
@@ -597,7 +606,10 @@ def classifier_tuning_inputs(
 ) -> tuple[list[Any], str]:
     """The tuning split of a classifier dataset: ``--tuning-n`` inputs of the same source (SST-2
     validation; the STS-B pairs held out from training) that are not reported, drawn with the
-    tuning seed (:func:`experiments.grad_ellm_depth.disjoint_sample`)."""
+    tuning seed (:func:`experiments.grad_ellm_depth.disjoint_sample`). With
+    ``--tuning-disjoint-from N`` (N > ``--n``) they are also not among the items a run of ``N``
+    items reports, so that a smaller run (a costlier protocol on fewer items) tunes on the same
+    split, and chooses the same depth, as the larger run of the same classifier."""
     tok, seed = model.tokenizer, tuning_seed(args)
     if dataset == "sst2":
         pool: list[Any] = [
@@ -614,14 +626,20 @@ def classifier_tuning_inputs(
             for it in held
         ]
         source = "held-out STS-B pairs not reported"
-    tuning = disjoint_sample(pool, set(reported), lambda x: x, args.tuning_n, seed)
-    check_disjoint(reported, tuning, dataset)
+    excluded = set(reported)
+    wider = args.tuning_disjoint_from
+    if wider is not None and wider > args.n:
+        wider_args = argparse.Namespace(**{**vars(args), "n": wider})
+        excluded |= set(classifier_items(model, None, dataset, wider_args)[0])
+        source += f" by a run of {wider} items"
+    tuning = disjoint_sample(pool, excluded, lambda x: x, args.tuning_n, seed)
+    check_disjoint(list(excluded), tuning, dataset)
     return tuning, source
 
 
 # ------------------------------------------------------------------------------- classifiers
 def classifier_items(
-    model: Any, clf: Classifier, dataset: str, args: Any
+    model: Any, clf: Classifier | None, dataset: str, args: Any
 ) -> tuple[list[Any], list[Any]]:
     """(inputs, gold labels / scores) of the evaluated items: SST-2 dev sentences, or the
     STS-B pairs the regression head was not trained on as ``(sentence1, sentence2)`` tuples

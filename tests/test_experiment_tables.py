@@ -268,3 +268,25 @@ def test_empty_tuning_split_falls_back_to_the_default_with_a_note():
     picked = disjoint_sample(pool, {0, 1, 2}, lambda x: x, 4, seed=1)
     assert len(picked) == 4 and not {0, 1, 2} & set(picked) and picked == sorted(picked)
     assert disjoint_sample(pool, set(range(8)), lambda x: x, 4, seed=1) == [8, 9]
+
+
+def test_a_smaller_run_can_tune_on_the_larger_runs_split(minilm):
+    """π-Soft SmolLM2 reports 200 SST-2 items, AOPC SmolLM2 500 (the 200 among them): with
+    ``--tuning-disjoint-from 500`` the smaller run draws the larger run's tuning split (so both
+    choose one Grad-ELLM depth), still disjoint from every reported item."""
+    from experiments.faithfulness import classifier_items, classifier_tuning_inputs
+
+    def args(n: int, wider: int | None = None) -> SimpleNamespace:
+        return SimpleNamespace(n=n, seed=0, tuning_seed=None, tuning_n=20, max_tokens=128,
+                               tuning_disjoint_from=wider)  # fmt: skip
+
+    def split(a: SimpleNamespace) -> list:
+        reported = classifier_items(minilm, None, "sst2", a)[0]
+        return classifier_tuning_inputs(minilm, "sst2", a, reported)[0]
+
+    large = split(args(500))
+    assert len(large) == 20
+    assert split(args(200, 500)) == large
+    assert not set(large) & set(classifier_items(minilm, None, "sst2", args(500))[0])
+    assert split(args(200)) != large  # its own split: the pool outside 200 items is larger
+    assert split(args(200, 100)) == split(args(200))  # N ≤ --n changes nothing

@@ -594,7 +594,9 @@ def alti(
     )
     mats = [cache.row_mats(k) for k in range(n_layers)]
     positions = result.resolved.positions
-    rows = torch.zeros(batch.size, n_layers, batch.length, dtype=mats[0].dtype)
+    rows = torch.zeros(
+        batch.size, n_layers, batch.length, dtype=mats[0].dtype, device=mats[0].device
+    )
     rows[torch.arange(batch.size), :, positions] = 1.0
     if rollout:
         layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)

@@ -79,7 +79,7 @@ def rollout(model: Any, batch: Batch, target: Target) -> MethodOutput:
     ]
     result = run(model, batch, target, fwd_hooks=hooks, position_only_ok=True)
     mats = [rollout_matrix(store[layer], batch.mask) for layer in range(n_layers)]
-    rows = torch.zeros(batch.size, n_layers, batch.length, dtype=dtype)
+    rows = torch.zeros(batch.size, n_layers, batch.length, dtype=dtype, device=mats[0].device)
     rows[torch.arange(batch.size), :, result.resolved.positions] = 1.0
     layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
     return MethodOutput(

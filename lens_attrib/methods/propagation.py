@@ -22,7 +22,7 @@ def trace_rows(
     """``out[:, r] = rows[:, r] @ mats[depth_r − 1] @ … @ mats[0]`` (top-down, row vectors).
 
     Row vectors are pushed down one layer at a time (O(n·T²) per layer) instead of forming full
-    ``T×T`` products.
+    ``T×T`` products. ``rows`` and ``mats`` are on one device.
     """
     out = rows.clone()
     depth = torch.as_tensor(list(depths), device=rows.device)
