@@ -344,3 +344,12 @@ def test_compact_journal_reads_back_the_same_and_resumes(tmp_path):
     assert Journal.open(path, {"run": 1}).finished("n") == {7}
     with pytest.raises(ValueError, match="not a compressed journal"):
         compact_journal(tmp_path / "plain.jsonl")
+
+
+def test_a_copied_tree_names_its_commit(monkeypatch):
+    """A tree copied to another machine (whose ``.git``, if any, is not the copied code's)
+    journals the commit named in ``LENS_ATTRIB_GIT_COMMIT``; without it, git's HEAD."""
+    monkeypatch.delenv("LENS_ATTRIB_GIT_COMMIT", raising=False)
+    head = provenance.code_version()["git"]
+    monkeypatch.setenv("LENS_ATTRIB_GIT_COMMIT", "f" * 40)
+    assert provenance.code_version()["git"] == "f" * 40 != head

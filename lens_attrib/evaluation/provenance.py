@@ -18,13 +18,17 @@ from typing import Any
 
 
 def code_version() -> dict[str, str | None]:
-    """The package version and, when the code is a git checkout, its commit; a copy of a
-    checkout without its ``.git`` (e.g. the tree sent to a GPU machine) names the commit it was
-    copied from in ``LENS_ATTRIB_GIT_COMMIT``."""
+    """The package version and, when the code is a git checkout, its commit. A copy of a
+    checkout (e.g. the tree sent to a GPU machine, whose ``.git``, if any, need not match the
+    copied files) names the commit it was copied from in ``LENS_ATTRIB_GIT_COMMIT``, which
+    then takes precedence."""
     try:
         version: str | None = importlib.metadata.version("lens-attrib")
     except importlib.metadata.PackageNotFoundError:
         version = None
+    named = os.environ.get("LENS_ATTRIB_GIT_COMMIT")
+    if named:
+        return {"package": version, "git": named}
     root = Path(__file__).resolve().parents[2]
     commit = None
     try:
@@ -37,7 +41,7 @@ def code_version() -> dict[str, str | None]:
         ).stdout.strip()
         commit = head or None
     except (OSError, subprocess.SubprocessError):
-        commit = os.environ.get("LENS_ATTRIB_GIT_COMMIT") or None
+        commit = None
     return {"package": version, "git": commit}
 
 
