@@ -79,6 +79,7 @@ from lens_attrib.methods.alti_mixing import (
     trace_rows,
     value_bias,
 )
+from lens_attrib.methods.propagation import rollout_target_rows
 from lens_attrib.methods.registry import (
     MethodOutput,
     Option,
@@ -594,12 +595,8 @@ def alti(
     )
     mats = [cache.row_mats(k) for k in range(n_layers)]
     positions = result.resolved.positions
-    rows = torch.zeros(
-        batch.size, n_layers, batch.length, dtype=mats[0].dtype, device=mats[0].device
-    )
-    rows[torch.arange(batch.size), :, positions] = 1.0
     if rollout:
-        layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
+        layer_scores = rollout_target_rows(mats, positions)
     else:
         layer_scores = torch.stack([target_rows(m, positions) for m in mats], 1)
     return MethodOutput(

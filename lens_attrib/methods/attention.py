@@ -20,7 +20,7 @@ from torch import Tensor
 from lens_attrib.backend import attn_hook
 from lens_attrib.forward import run, target_rows
 from lens_attrib.inputs import Batch
-from lens_attrib.methods.propagation import trace_rows
+from lens_attrib.methods.propagation import rollout_target_rows
 from lens_attrib.methods.registry import MethodOutput, Option, integer, register
 from lens_attrib.target import Target
 
@@ -79,9 +79,7 @@ def rollout(model: Any, batch: Batch, target: Target) -> MethodOutput:
     ]
     result = run(model, batch, target, fwd_hooks=hooks, position_only_ok=True)
     mats = [rollout_matrix(store[layer], batch.mask) for layer in range(n_layers)]
-    rows = torch.zeros(batch.size, n_layers, batch.length, dtype=dtype, device=mats[0].device)
-    rows[torch.arange(batch.size), :, result.resolved.positions] = 1.0
-    layer_scores = trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
+    layer_scores = rollout_target_rows(mats, result.resolved.positions)
     return MethodOutput(
         layer_scores[:, -1],
         result.resolved,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 
@@ -32,4 +32,16 @@ def trace_rows(
     return out
 
 
-__all__ = ["trace_rows"]
+def rollout_target_rows(
+    mats: Sequence[Float[Tensor, "batch pos pos"]], positions: Int[Tensor, " batch"]
+) -> Float[Tensor, "batch n_layers pos"]:
+    """``out[b, l] = (A_l ⋯ A_0)[t_b]``: the target position's row rolled out to the input
+    tokens after each layer (``t_b = positions[b]``), made on the matrices' device."""
+    n_layers = len(mats)
+    size, _, length = mats[0].shape
+    rows = torch.zeros(size, n_layers, length, dtype=mats[0].dtype, device=mats[0].device)
+    rows[torch.arange(size, device=rows.device), :, positions.to(rows.device)] = 1.0
+    return trace_rows(rows, [layer + 1 for layer in range(n_layers)], mats)
+
+
+__all__ = ["rollout_target_rows", "trace_rows"]
