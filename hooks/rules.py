@@ -133,11 +133,11 @@ def widened(x: Tensor) -> Tensor:
     and in float32 its rounding error ``≈ 2⁻²⁴ |φ(h)|`` is then no longer small against the
     difference: the multiplier's relative error is ``≈ 2⁻²⁴ |φ(h)| / |φ(h) − φ(h₀)|``. Deep in
     a model most elements move little between the input and the reference, so in float32 many
-    multipliers carried errors of percents, and the device's last bits of ``φ`` (CPU and CUDA
-    kernels round differently) decided them. In float64 the secant of the float32 values
-    ``h``, ``h₀`` is exact to ``≈ 1e-16 / |Δh|``, a smooth function of its inputs, so
-    float32 DeepLIFT departs from float64 DeepLIFT by float32 rounding, as Gradient×Input does
-    (measured in ``docs/results/protocols.md``).
+    multipliers carried large errors (up to 450× on single elements), and the device's last
+    bits of ``φ`` (CPU and CUDA kernels round differently) decided them. In float64 the secant
+    of the float32 values ``h``, ``h₀`` is exact to ``≈ 1e-16 / |Δh|``, a smooth function of its
+    inputs, so float32 DeepLIFT departs from float64 DeepLIFT by float32 rounding, as
+    Gradient×Input does (``benchmarks/bench_deeplift_float32.py``, ``docs/results/gpu_runs.md``).
     """
     x = x.detach()
     if x.dtype == torch.float64:
@@ -161,7 +161,7 @@ def rescale_multiplier(
 
 
 def hooked_secant(
-    act: Callable[[Tensor], Tensor],
+    act: Callable[[Tensor], Tensor] | None,
     h: Tensor,
     h0: Tensor,
     a: Tensor,
@@ -175,11 +175,12 @@ def hooked_secant(
     In float64 (:func:`widened`) as ``a − a₀ = [φ(h) − φ(h₀)] + [(a − φ(h)) − (a₀ − φ(h₀))]``:
     the first difference in float64, the edits (0 where the hook values are ``φ``'s own, as when
     no user hook edits them) in ``h``'s dtype. So the user's edits stay part of the rule, and
-    without edits the multiplier is :func:`rescale_multiplier`'s. Float64 inputs (or an ``act``
-    that takes none) are divided as read. Returned in ``h``'s dtype and device.
+    without edits the multiplier is :func:`rescale_multiplier`'s. Float64 inputs, an ``act`` that
+    takes none, or no ``act`` (a backend that cannot name the activation): divided as read, in
+    ``h``'s dtype. Returned in ``h``'s dtype and device.
     """
     with torch.no_grad():
-        if h.dtype == torch.float64 or not takes_float64(act):
+        if act is None or h.dtype == torch.float64 or not takes_float64(act):
             dh = h - h0
             exact = dh.abs() >= eps
             return torch.where(exact, safe_ratio(a - a0, dh), 0.0), exact
