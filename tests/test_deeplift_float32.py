@@ -4,7 +4,7 @@ The Rescale multiplier ``(φ(h) − φ(h₀))/(h − h₀)`` cancels where ``h``
 in float32 its error is ``≈ 2⁻²⁴ |φ(h)| / |φ(h) − φ(h₀)|``. That made float32 DeepLIFT on the
 real models 7–90× further from float64 than Gradient×Input, and let the device's last bits of
 ``φ`` decide multipliers.
-The multipliers are now taken in float64 (``lens_attrib.hooks.rules.widened``).
+The multipliers are now taken in float64 (``lens_attrib.precision.widened``).
 
 The model tests compare a model's float32 and float64 copies (the same weights) on the same
 inputs, and bound DeepLIFT's departure by Gradient×Input's on those inputs (the rounding one
