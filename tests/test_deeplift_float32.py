@@ -107,11 +107,15 @@ def largest_departure(a32, a64) -> float:
     )
 
 
-def departures(m32, m64, texts, target32=None, target64=None) -> dict[str, float]:
+def departures(
+    m32, m64, texts, target32=None, target64=None, methods=("grad_x_input", "deeplift"), **options
+) -> dict[str, float]:
+    """Each method's :func:`largest_departure` of ``m32`` from ``m64`` on ``texts``."""
     out = {}
-    for method in ("grad_x_input", "deeplift"):
-        a32 = attribute(m32, texts, target32 or Target(), method=method)
-        a64 = attribute(m64, texts, target64 or Target(), method=method)
+    for method in methods:
+        extra = options if method == "value_zeroing" else {}
+        a32 = attribute(m32, texts, target32 or Target(), method=method, **extra)
+        a64 = attribute(m64, texts, target64 or Target(), method=method, **extra)
         out[method] = largest_departure(a32, a64)
     return out
 
