@@ -69,4 +69,5 @@ test-tl4: $(TL4_STAMP)
 		tests/test_alti_official.py tests/test_token_pooling.py tests/test_inplace_hooks.py \
 		tests/test_frozen_prefix.py tests/test_metrics.py tests/test_user_models.py tests/test_value_zeroing.py \
 		tests/test_tl_operations.py tests/test_local_folders.py tests/test_models_dtype.py \
+		tests/test_deeplift_float32.py \
 		tests/test_notebooks.py

@@ -14,6 +14,15 @@ activation itself) and only change what flows backward. The multiplier of a plai
 there (ablation, scaling) is part of ``φ``; in a gated MLP a user hook on ``hook_post`` changes
 the forward values, but the backward is the product rule below.
 
+Every multiplier is taken in float64 from the model's values (``rescale_multiplier`` and
+``hooked_secant`` in :mod:`lens_attrib.hooks.rules`): in float32,
+``φ(h) − φ(h₀)`` cancels where ``h`` is close to ``h₀``, as it is for most elements deep in a
+model, and the multipliers there carried errors of percents (float32 DeepLIFT was 16–60× further
+from float64 than Gradient×Input on SmolLM2 and MiniLM; the device's last bits of ``φ`` are the
+likeliest reason an H200's float32 DeepLIFT ranked tokens otherwise than the CPU's,
+``docs/results/gpu_runs.md``). A user's edit of the activation enters with the precision of
+its float32 values.
+
 Where the rule applies (``activations``):
 
 - ``"all"`` (DeepLIFT as published): the MLP activation of every block (``mlp.hook_post`` from
@@ -46,10 +55,10 @@ from lens_attrib.hooks import HookFn
 from lens_attrib.hooks.rules import (
     RESCALE_EPS,
     derivative,
+    hooked_secant,
     linearized,
     mlm_head_activation,
     rescale_multiplier,
-    safe_ratio,
 )
 
 ACTIVATIONS = ("all", "captum")
@@ -131,14 +140,11 @@ def rescale_hooks(
         saved = kept.pop(layer)
         pre = saved["pre"]
         h0 = reference[hook_name("pre", layer)].to(pre.device, pre.dtype)
+        act = mlp_activation(model, layer)
         if not gated:
             a0 = reference[hook_name("post", layer)].to(post.device, post.dtype)
-            with torch.no_grad():
-                dh = pre.detach() - h0
-                exact = dh.abs() >= eps
-                m = torch.where(exact, safe_ratio(post.detach() - a0, dh), 0.0)
+            m, exact = hooked_secant(act, pre.detach(), h0, post.detach(), a0, eps)
             return _secant_or_gradient(post, pre, m, exact)
-        act = mlp_activation(model, layer)
         m = rescale_multiplier(act, pre.detach(), h0, eps)
         up = saved["up"]
         with torch.no_grad():

@@ -13,7 +13,8 @@ propagates. A rule is a gradient *multiplier* ``m`` per input of an operation
   attention products ``q·k`` and ``A·v``) the halving is a constant gradient scale
   (:func:`scale_grad`).
 - Rescale rule (DeepLIFT, element-wise ``a = φ(h)`` against a reference ``h₀``):
-  ``m = (φ(h) − φ(h₀))/(h − h₀)``, ``φ'(h)`` where ``|h − h₀| < eps`` (:func:`rescale_multiplier`).
+  ``m = (φ(h) − φ(h₀))/(h − h₀)``, ``φ'(h)`` where ``|h − h₀| < eps`` (:func:`rescale_multiplier`,
+  :func:`hooked_secant`), computed in float64 (:func:`widened`).
 
 The patches that place these rules in a model are in :mod:`lens_attrib.hooks.lrp` (CP-LRP,
 AttnLRP) and :mod:`lens_attrib.hooks.deeplift`; :func:`mlm_head_activation` is the one patch
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lens_attrib.backend import MlmHead, mlm_head_parts
 
@@ -115,14 +116,80 @@ def derivative(act: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
     return grad
 
 
+def takes_float64(act: Callable[[Tensor], Tensor]) -> bool:
+    """Whether ``act`` can be called on float64 tensors: a plain function, or a module (or a
+    module's bound method) without floating parameters or buffers of another dtype."""
+    owner = getattr(act, "__self__", act)
+    if not isinstance(owner, nn.Module):
+        return True
+    tensors = [*owner.parameters(), *owner.buffers()]
+    return all(t.dtype == torch.float64 for t in tensors if t.is_floating_point())
+
+
+def widened(x: Tensor) -> Tensor:
+    """``x`` in float64 (detached), on the CPU where its device has no float64 (Apple's MPS).
+
+    Why the secant is taken in float64: ``φ(h) − φ(h₀)`` cancels where ``h`` is close to ``h₀``,
+    and in float32 its rounding error ``≈ 2⁻²⁴ |φ(h)|`` is then no longer small against the
+    difference: the multiplier's relative error is ``≈ 2⁻²⁴ |φ(h)| / |φ(h) − φ(h₀)|``. Deep in
+    a model most elements move little between the input and the reference, so in float32 many
+    multipliers carried errors of percents, and the device's last bits of ``φ`` (CPU and CUDA
+    kernels round differently) decided them. In float64 the secant of the float32 values
+    ``h``, ``h₀`` is exact to ``≈ 1e-16 / |Δh|``, a smooth function of its inputs, so
+    float32 DeepLIFT departs from float64 DeepLIFT by float32 rounding, as Gradient×Input does
+    (measured in ``docs/results/protocols.md``).
+    """
+    x = x.detach()
+    if x.dtype == torch.float64:
+        return x
+    return (x.cpu() if x.device.type == "mps" else x).to(torch.float64)
+
+
 def rescale_multiplier(
     act: Callable[[Tensor], Tensor], h: Tensor, h0: Tensor, eps: float = RESCALE_EPS
 ) -> Tensor:
-    """``(φ(h) − φ(h₀))/(h − h₀)``, and ``φ'(h)`` where ``|h − h₀| < eps`` (Captum's rule)."""
+    """``(φ(h) − φ(h₀))/(h − h₀)``, and ``φ'(h)`` where ``|h − h₀| < eps`` (Captum's rule),
+    computed in float64 (:func:`widened`; in ``h``'s dtype where ``act`` holds parameters of
+    another dtype) and returned in ``h``'s dtype and device."""
     with torch.no_grad():
-        dh = h - h0
-        secant = safe_ratio(act(h) - act(h0), dh)
-        return torch.where(dh.abs() < eps, derivative(act, h), secant)
+        wide = takes_float64(act)
+        x, x0 = (widened(h), widened(h0)) if wide else (h, h0)
+        dh = x - x0
+        secant = safe_ratio(act(x) - act(x0), dh)
+        m = torch.where(dh.abs() < eps, derivative(act, x), secant)
+        return m.to(h.device, h.dtype)
+
+
+def hooked_secant(
+    act: Callable[[Tensor], Tensor],
+    h: Tensor,
+    h0: Tensor,
+    a: Tensor,
+    a0: Tensor,
+    eps: float = RESCALE_EPS,
+) -> tuple[Tensor, Tensor]:
+    """The secant ``(a − a₀)/(h − h₀)`` of an activation read at hook points, where ``a = ψ(φ(h))``
+    may include the user's element-wise edits ``ψ`` (identity when there are none), and the mask
+    ``|h − h₀| ≥ eps`` of the elements it applies to (elsewhere the caller keeps the gradient).
+
+    In float64 (:func:`widened`) as ``a − a₀ = [φ(h) − φ(h₀)] + [(a − φ(h)) − (a₀ − φ(h₀))]``:
+    the first difference in float64, the edits (0 where the hook values are ``φ``'s own, as when
+    no user hook edits them) in ``h``'s dtype. So the user's edits stay part of the rule, and
+    without edits the multiplier is :func:`rescale_multiplier`'s. Float64 inputs (or an ``act``
+    that takes none) are divided as read. Returned in ``h``'s dtype and device.
+    """
+    with torch.no_grad():
+        if h.dtype == torch.float64 or not takes_float64(act):
+            dh = h - h0
+            exact = dh.abs() >= eps
+            return torch.where(exact, safe_ratio(a - a0, dh), 0.0), exact
+        edits = (a - act(h)) - (a0 - act(h0))
+        x, x0 = widened(h), widened(h0)
+        dh = x - x0
+        exact = dh.abs() >= eps
+        secant = safe_ratio(act(x) - act(x0) + widened(edits), dh)
+        m = torch.where(exact, secant, 0.0)
+        return m.to(h.device, h.dtype), exact.to(h.device)
 
 
 @contextmanager

@@ -159,3 +159,37 @@ def test_every_metric_on_cuda_gives_the_cpu_records(arch: str, memo: bool) -> No
                 assert got[k] != got[k], (k, got[k])
             else:
                 assert abs(got[k] - want[k]) <= DEVICE_TOL * scale, (k, got[k], want[k])
+
+
+@pytest.mark.parametrize("name", ["smollm2", "minilm"])
+def test_float32_deeplift_on_cuda_departs_from_float64_by_rounding(
+    name: str, smollm2: Any, minilm: Any
+) -> None:
+    """The real models in float32 on the GPU against float64 on the CPU: DeepLIFT within
+    :data:`tests.test_deeplift_float32.ROOM` × Gradient×Input's departure on the same inputs
+    (with its multipliers in float32, DeepLIFT on an H200 ranked the qa agreement table's tokens
+    otherwise than the CPU: MRR differed in 207 of 240 records; not yet rerun with float64
+    multipliers)."""
+    from lens_attrib import load_model
+    from tests.test_deeplift_float32 import (
+        LONGER,
+        ROOM,
+        SENTENCES,
+        classifier_head,
+        departures,
+    )
+
+    f32, f64 = torch.float32, torch.float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if name == "smollm2":
+            gpu = copy.deepcopy(smollm2).to("cuda")
+            cpu = load_model("smollm2-135m", dtype=f64)
+            got = departures(gpu, cpu, LONGER)
+        else:
+            gpu = copy.deepcopy(minilm).to("cuda")
+            cpu = load_model("minilm-l6", dtype=f64)
+            t32 = Target(token=1, head=classifier_head(f32).to("cuda"), position=0)
+            t64 = Target(token=1, head=classifier_head(f64), position=0)
+            got = departures(gpu, cpu, SENTENCES, t32, t64)
+    assert got["deeplift"] < ROOM * got["grad_x_input"], got

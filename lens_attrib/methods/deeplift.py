@@ -19,6 +19,11 @@ to ``f`` is a composition of affine maps and element-wise nonlinearities (each m
 and gating are multi-input nonlinearities differentiated at ``e``, so in a real transformer the sum
 is only approximate: ``meta["completeness_gap"] = f(e) − f(b) − Σ_i R_i`` reports it per item.
 
+Precision: the multipliers are computed in float64 whatever the model's dtype (see
+:mod:`lens_attrib.hooks.deeplift`), so float32 DeepLIFT departs from float64 DeepLIFT by float32
+rounding, as Gradient×Input does (``tests/test_deeplift_float32.py``,
+``benchmarks/bench_deeplift_float32.py``).
+
 Three passes: the embeddings alone (to build the baselines), the reference forward (no graph), and
 the explained forward with one backward pass; all through TransformerLens hooks, so the user's own
 hooks act in both forwards.
