@@ -17,11 +17,10 @@ the forward values, but the backward is the product rule below.
 Every multiplier is taken in float64 from the model's values (``rescale_multiplier`` and
 ``hooked_secant`` in :mod:`lens_attrib.hooks.rules`): in float32,
 ``φ(h) − φ(h₀)`` cancels where ``h`` is close to ``h₀``, as it is for most elements deep in a
-model, and the multipliers there carried errors of percents (float32 DeepLIFT was 16–60× further
-from float64 than Gradient×Input on SmolLM2 and MiniLM; the device's last bits of ``φ`` are the
-likeliest reason an H200's float32 DeepLIFT ranked tokens otherwise than the CPU's,
-``docs/results/gpu_runs.md``). A user's edit of the activation enters with the precision of
-its float32 values.
+model, and single multipliers there were wrong by up to 450× (float32 DeepLIFT was 7–90× further
+from float64 than Gradient×Input on SmolLM2 and MiniLM, and the device's last bits of ``φ``
+decided them; see ``docs/results/gpu_runs.md``). A user's edit of the activation enters with
+the precision of its float32 values.
 
 Where the rule applies (``activations``):
 
@@ -133,6 +132,14 @@ def rescale_hooks(
 
         return hook
 
+    def plain_activation(layer: int) -> Any:
+        """``φ`` of a plain MLP for the float64 secant; ``None`` where the backend cannot name it
+        (the hook values are then divided as read)."""
+        try:
+            return mlp_activation(model, layer)
+        except ModelError:
+            return None
+
     def post_hook(layer: int) -> HookFn:
         return lambda post, hook: rule(layer, post)
 
@@ -140,11 +147,13 @@ def rescale_hooks(
         saved = kept.pop(layer)
         pre = saved["pre"]
         h0 = reference[hook_name("pre", layer)].to(pre.device, pre.dtype)
-        act = mlp_activation(model, layer)
         if not gated:
             a0 = reference[hook_name("post", layer)].to(post.device, post.dtype)
-            m, exact = hooked_secant(act, pre.detach(), h0, post.detach(), a0, eps)
+            m, exact = hooked_secant(
+                plain_activation(layer), pre.detach(), h0, post.detach(), a0, eps
+            )
             return _secant_or_gradient(post, pre, m, exact)
+        act = mlp_activation(model, layer)
         m = rescale_multiplier(act, pre.detach(), h0, eps)
         up = saved["up"]
         with torch.no_grad():

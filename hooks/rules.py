@@ -14,7 +14,7 @@ propagates. A rule is a gradient *multiplier* ``m`` per input of an operation
   (:func:`scale_grad`).
 - Rescale rule (DeepLIFT, element-wise ``a = φ(h)`` against a reference ``h₀``):
   ``m = (φ(h) − φ(h₀))/(h − h₀)``, ``φ'(h)`` where ``|h − h₀| < eps`` (:func:`rescale_multiplier`,
-  :func:`hooked_secant`), computed in float64 (:func:`widened`).
+  :func:`hooked_secant`), computed in float64 (:func:`lens_attrib.precision.widened`).
 
 The patches that place these rules in a model are in :mod:`lens_attrib.hooks.lrp` (CP-LRP,
 AttnLRP) and :mod:`lens_attrib.hooks.deeplift`; :func:`mlm_head_activation` is the one patch
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from lens_attrib.backend import MlmHead, mlm_head_parts
+from lens_attrib.precision import widened
 
 IDENTITY_EPS = 1e-10  # LXT 2.1, lxt/efficient/rules.py: identity_rule_implicit_fn(epsilon=1e-10)
 RESCALE_EPS = 1e-10  # Captum 0.9, DeepLift(eps=1e-10): |Δh| below it falls back to φ'(h)
@@ -126,25 +127,6 @@ def takes_float64(act: Callable[[Tensor], Tensor]) -> bool:
     return all(t.dtype == torch.float64 for t in tensors if t.is_floating_point())
 
 
-def widened(x: Tensor) -> Tensor:
-    """``x`` in float64 (detached), on the CPU where its device has no float64 (Apple's MPS).
-
-    Why the secant is taken in float64: ``φ(h) − φ(h₀)`` cancels where ``h`` is close to ``h₀``,
-    and in float32 its rounding error ``≈ 2⁻²⁴ |φ(h)|`` is then no longer small against the
-    difference: the multiplier's relative error is ``≈ 2⁻²⁴ |φ(h)| / |φ(h) − φ(h₀)|``. Deep in
-    a model most elements move little between the input and the reference, so in float32 many
-    multipliers carried errors of percents, and the device's last bits of ``φ`` (CPU and CUDA
-    kernels round differently) decided them. In float64 the secant of the float32 values
-    ``h``, ``h₀`` is exact to ``≈ 1e-16 / |Δh|``, a smooth function of its inputs, so
-    float32 DeepLIFT departs from float64 DeepLIFT by float32 rounding, as Gradient×Input does
-    (measured in ``docs/results/protocols.md``).
-    """
-    x = x.detach()
-    if x.dtype == torch.float64:
-        return x
-    return (x.cpu() if x.device.type == "mps" else x).to(torch.float64)
-
-
 def rescale_multiplier(
     act: Callable[[Tensor], Tensor], h: Tensor, h0: Tensor, eps: float = RESCALE_EPS
 ) -> Tensor:
@@ -161,7 +143,7 @@ def rescale_multiplier(
 
 
 def hooked_secant(
-    act: Callable[[Tensor], Tensor],
+    act: Callable[[Tensor], Tensor] | None,
     h: Tensor,
     h0: Tensor,
     a: Tensor,
@@ -175,11 +157,12 @@ def hooked_secant(
     In float64 (:func:`widened`) as ``a − a₀ = [φ(h) − φ(h₀)] + [(a − φ(h)) − (a₀ − φ(h₀))]``:
     the first difference in float64, the edits (0 where the hook values are ``φ``'s own, as when
     no user hook edits them) in ``h``'s dtype. So the user's edits stay part of the rule, and
-    without edits the multiplier is :func:`rescale_multiplier`'s. Float64 inputs (or an ``act``
-    that takes none) are divided as read. Returned in ``h``'s dtype and device.
+    without edits the multiplier is :func:`rescale_multiplier`'s. Float64 inputs, an ``act`` that
+    takes none, or no ``act`` (a backend that cannot name the activation): divided as read, in
+    ``h``'s dtype. Returned in ``h``'s dtype and device.
     """
     with torch.no_grad():
-        if h.dtype == torch.float64 or not takes_float64(act):
+        if act is None or h.dtype == torch.float64 or not takes_float64(act):
             dh = h - h0
             exact = dh.abs() >= eps
             return torch.where(exact, safe_ratio(a - a0, dh), 0.0), exact

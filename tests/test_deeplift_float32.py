@@ -2,10 +2,9 @@
 
 The Rescale multiplier ``(φ(h) − φ(h₀))/(h − h₀)`` cancels where ``h`` is close to ``h₀``; taken
 in float32 its error is ``≈ 2⁻²⁴ |φ(h)| / |φ(h) − φ(h₀)|``. That made float32 DeepLIFT on the
-real models 16–60× further from float64 than Gradient×Input, and let the device's last bits of
-``φ`` decide multipliers (the likeliest reason an H200's float32 DeepLIFT ranked tokens otherwise
-than the CPU's).
-The multipliers are now taken in float64 (``lens_attrib.hooks.rules.widened``).
+real models 7–90× further from float64 than Gradient×Input, and let the device's last bits of
+``φ`` decide multipliers.
+The multipliers are now taken in float64 (``lens_attrib.precision.widened``).
 
 The model tests compare a model's float32 and float64 copies (the same weights) on the same
 inputs, and bound DeepLIFT's departure by Gradient×Input's on those inputs (the rounding one
@@ -78,6 +77,8 @@ def test_the_hooked_secant_keeps_the_users_edit_and_is_exact_without_one():
     torch.testing.assert_close(shifted, m, rtol=1e-4, atol=1e-4)
     m64, _ = hooked_secant(act, h.double(), h0.double(), act(h.double()), act(h0.double()))
     assert m64.dtype == F64  # float64 inputs: divided as read
+    unnamed, _ = hooked_secant(None, h, h0, act(h), act(h0))  # no φ known: divided as read
+    torch.testing.assert_close(unnamed, (act(h) - act(h0)) / (h - h0), rtol=0, atol=0)
 
 
 @hooked_only("needs normalization_type=None, which no transformers checkpoint expresses")

@@ -44,8 +44,9 @@ block row of length 1 per zeroing (input ``x^l_t``, head outputs set at ``hook_z
 ``y^l_t(¬j)`` exactly (to float rounding): ``Σ_items (T_b + 1)`` one-token rows per layer (forwarded
 as many tokens at a time as ``batch_size`` full rows hold) instead of that many rows of ``T``
 tokens. Measured on SmolLM2 (float32, one thread), a 199-token SQuAD
-prompt: 132.5 → 2.9 CPU-s; against the same prompt in float64 its rows are within 2.4e-3 (the
-full rows: 2.7e-3: ``1 − cos`` of nearly equal float32 vectors cancels); float64, tiny models
+prompt: 132.5 → 2.9 CPU-s; against the same prompt in float64 its rows were within 2.4e-3 (the
+full rows 2.7e-3) while ``1 − cos`` of nearly equal float32 vectors was taken in float32 (it is
+now taken in float64, :func:`cosine_distance`); float64, tiny models
 of every architecture: within 1e-12 of the full rows (``tests/test_value_zeroing.py``). Used
 when no hook is on the layer's block (a hook there may read positions, or edit tensors the
 shortcut does not recompute); otherwise, and for the rollout, the full rows above.
@@ -81,6 +82,7 @@ from lens_attrib.forward import run
 from lens_attrib.hooks.masking import value_zeroing_hooks
 from lens_attrib.inputs import Batch
 from lens_attrib.methods.registry import MethodOutput, Option, positive_int, register
+from lens_attrib.precision import widened
 from lens_attrib.progress import progress_bar
 from lens_attrib.target import Target
 
@@ -90,8 +92,11 @@ AGGREGATIONS = ("rollout", "mean")
 def cosine_distance(
     x: Float[Tensor, "*rows d"], y: Float[Tensor, "*rows d"]
 ) -> Float[Tensor, "*rows"]:
-    """``1 − cos(x, y)`` clipped to ``[0, 2]`` (scikit-learn's ``cosine_distances``)."""
-    return (1.0 - F.cosine_similarity(x, y, dim=-1)).clamp(0.0, 2.0)
+    """``1 − cos(x, y)`` clipped to ``[0, 2]`` (scikit-learn's ``cosine_distances``), taken in
+    float64 and returned in ``x``'s dtype and device: in float32, ``1 − cos`` of nearly equal
+    vectors cancels (:mod:`lens_attrib.precision`)."""
+    distance = (1.0 - F.cosine_similarity(widened(x), widened(y), dim=-1)).clamp(0.0, 2.0)
+    return distance.to(x.device, x.dtype)
 
 
 def zeroings(batch: Batch, positions: Int[Tensor, "batch"]) -> list[tuple[int, int]]:
