@@ -163,13 +163,14 @@ def test_every_metric_on_cuda_gives_the_cpu_records(arch: str, memo: bool) -> No
 
 @pytest.mark.parametrize("name", ["smollm2", "minilm"])
 def test_float32_deeplift_and_value_zeroing_on_cuda_depart_from_float64_by_rounding(
-    name: str, smollm2: Any, minilm: Any
+    name: str, request: pytest.FixtureRequest
 ) -> None:
     """The real models in float32 on the GPU against float64 on the CPU: DeepLIFT and value
     zeroing within :data:`tests.test_deeplift_float32.ROOM` × Gradient×Input's departure on the
     same inputs (with float32 multipliers and cosine distances, an H200 ranked the qa agreement
     table's tokens otherwise than the CPU: DeepLIFT's MRR differed in 207 of 240 records, value
-    zeroing's by ≤ 0.004; not yet rerun since both are taken in float64)."""
+    zeroing's by ≤ 0.004; not yet rerun since both are taken in float64). Each case loads only
+    its own model, so ``-k smollm2`` runs on a machine that has only SmolLM2's weights."""
     from lens_attrib import load_model
     from tests.test_deeplift_float32 import (
         LONGER,
@@ -181,14 +182,15 @@ def test_float32_deeplift_and_value_zeroing_on_cuda_depart_from_float64_by_round
 
     f32, f64 = torch.float32, torch.float64
     methods = ("grad_x_input", "deeplift", "value_zeroing")
+    model = request.getfixturevalue(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if name == "smollm2":
-            gpu = copy.deepcopy(smollm2).to("cuda")
+            gpu = copy.deepcopy(model).to("cuda")
             cpu = load_model("smollm2-135m", dtype=f64)
             got = departures(gpu, cpu, LONGER, methods=methods, aggregation="mean")
         else:
-            gpu = copy.deepcopy(minilm).to("cuda")
+            gpu = copy.deepcopy(model).to("cuda")
             cpu = load_model("minilm-l6", dtype=f64)
             t32 = Target(token=1, head=classifier_head(f32).to("cuda"), position=0)
             t64 = Target(token=1, head=classifier_head(f64), position=0)
