@@ -753,7 +753,7 @@ def run_classifiers(
             f"{dev:.3f} on its dev set",
             flush=True,
         )
-        clf_id = fingerprint([clf.info.name, clf.info.metadata])
+        clf_id = fingerprint([clf.info.name, clf.digest()])  # the weights, not the timings
         items_id = fingerprint([inputs, gold])
         proto = protocol(args, pis, zero_shot=False, regression=regression)
         skipped = [m for m in methods if regression and base_method(m) in NO_REGRESSION]

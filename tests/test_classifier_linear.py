@@ -188,3 +188,27 @@ def test_train_or_load_refits_heads_of_an_earlier_recipe(model, tmp_path):
     again, meta2 = train_or_load(model, tmp_path, *args, n_out=2, seed=1, weight_decays=(1e-3,))
     assert meta2["fit"] == HEAD_FIT
     assert torch.equal(again.linear.weight, head.linear.weight)
+
+
+def test_classifier_digest_follows_the_weights_not_the_metadata():
+    """The key of a classifier's journaled units: equal for the same weights whatever the
+    training metadata says (a retrain on a fresh machine records other timings), different
+    when one weight moves by one ulp or the model is in another dtype."""
+    import copy
+
+    from lens_attrib.classifiers import Classifier
+
+    torch.manual_seed(0)
+    model = tiny_llama()
+    head = LinearHead(model.cfg.d_model, 2)
+    info = ClassifierInfo("toy", ("neg", "pos"), False, None, {"train_seconds": 1.0})
+    digest = Classifier(model, head, info).digest()
+    later = ClassifierInfo("toy", ("neg", "pos"), False, None, {"train_seconds": 7.5})
+    assert Classifier(copy.deepcopy(model), copy.deepcopy(head), later).digest() == digest
+    moved = copy.deepcopy(head)
+    with torch.no_grad():
+        w = moved.linear.weight
+        w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf"), dtype=w.dtype))
+    assert Classifier(model, moved, info).digest() != digest
+    other = torch.float64 if next(model.parameters()).dtype == torch.float32 else torch.float32
+    assert Classifier(copy.deepcopy(model).to(other), head, info).digest() != digest

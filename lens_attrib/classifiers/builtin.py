@@ -165,6 +165,29 @@ class Classifier(NamedTuple):
         """``Target(head=head, position=…, regression=…, labels=…)`` (``changes`` override)."""
         return self.info.target(self.head, **changes)
 
+    def digest(self) -> str:
+        """SHA-256 (hex) of the tensors that compute this classifier's outputs: the explained
+        model's parameters and buffers and the head's linear map (:func:`tensors_digest`).
+
+        Equal digests mean equal numbers. The training metadata (timings, scores) does not
+        enter: a classifier retrained bit for bit on a fresh machine keeps its digest, and one
+        whose training rounded differently gets another. The experiments key their journaled
+        units by it, so a run resumes on a fresh checkout exactly when the classifier is the same.
+        """
+        return tensors_digest([self.model.state_dict(), self.head.state_dict()])
+
+
+def tensors_digest(states: Sequence[dict[str, Tensor]]) -> str:
+    """SHA-256 (hex) of state dicts: per tensor, in name order, its name, dtype, shape and bytes."""
+    sha = hashlib.sha256()
+    for k, state in enumerate(states):
+        for name in sorted(state):
+            tensor = state[name].detach()
+            sha.update(f"{k}:{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+            flat = tensor.reshape(-1).contiguous().cpu()
+            sha.update(flat.view(torch.uint8).numpy().data)  # the bytes, not copied
+    return sha.hexdigest()
+
 
 # --------------------------------------------------------------------------- data
 def sst2_train_items(n: int) -> list[Any]:
