@@ -42,6 +42,9 @@ Pearson r, weight decay, recipe version) and the training features;
 ``<that folder>-k<k>-e<epochs>-lr<lr>/`` holds the fine-tuned blocks and head (metadata adds
 ``linear_dev_score`` and the fine-tune's settings, steps, final loss and time). A head fitted by
 an earlier recipe (``linear.HEAD_FIT``) is refitted from the cached features and re-tuned.
+The metadata holds timings, so it differs between two trainings of the same weights: what
+identifies a classifier (e.g. in a journal's unit keys) is :meth:`Classifier.digest`, the hash of
+its weights.
 
 First use. The frozen lower blocks run once per training item, at its own length, and serve both
 stages (:mod:`lens_attrib.classifiers.frozen_prefix`): stage 1's training features run only the
