@@ -29,6 +29,10 @@ processes) is split by method. This does what the manual recipe of ``merge_journ
 
 Under :mod:`experiments.checkpoint_run` the split journals sit in the run's folder and are
 committed with it, so a machine lost mid-run loses at most each process's unit in flight.
+
+Each process loads the model and, in classifier mode, the built-in classifier. On a machine
+whose cache does not hold that classifier yet, every process would train it at once: load it
+once first (``load_classifier(name)``, or a plain run of the command until its first unit).
 """
 
 from __future__ import annotations
