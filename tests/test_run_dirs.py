@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from lens_attrib.evaluation.journal import (
 )
 from lens_attrib.evaluation.runner import evaluate
 from lens_attrib.tiny_models import tiny_llama
+from tests.processes import terminate_when
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["grad_x_input", "gradient"]
@@ -278,17 +278,11 @@ def test_checkpoint_run_passes_sigterm_on_and_commits(tmp_path):
     cmd += ["--repo", str(repo), "--", sys.executable, str(script), str(journal), "1000"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (
-            journal.exists() and len(read_lines(journal)) > 3
-        ):
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    def started() -> bool:
+        return journal.exists() and len(read_lines(journal)) > 3
+
+    assert terminate_when(proc, started) == 128 + signal.SIGTERM
     n = len(read_lines(journal)) - 1
     assert 2 < n < 1000
     assert _git(repo, "log", "--format=%s").splitlines() == [f"run long: {n} records"]

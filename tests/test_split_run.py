@@ -14,13 +14,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from experiments import split_run
 from lens_attrib.evaluation.journal import Journal, read_lines
+from tests.processes import terminate_when
 
 ROOT = Path(__file__).resolve().parents[1]
 JOURNAL_MODULE = ROOT / "lens_attrib" / "evaluation" / "journal.py"
@@ -179,17 +179,11 @@ def test_sigterm_reaches_every_process_and_their_units_are_merged(tmp_path):
     cmd = [sys.executable, "-m", "experiments.split_run", "--processes", "2", "--", *command]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     parts = [tmp_path / f"split-{k}-of-2.records.jsonl.gz" for k in (1, 2)]
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(
-            p.exists() and len(read_lines(p)) > 1 for p in parts
-        ):
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    def started() -> bool:  # every process has journaled a unit
+        return all(p.exists() and len(read_lines(p)) > 1 for p in parts)
+
+    assert terminate_when(proc, started) == 128 + signal.SIGTERM
     held = {f"{m.split('|')[1]} {items[0]}" for m, items in _units(journal)}
     computed = set(_computed(out))  # a process may be stopped between its record and its unit
     assert 2 <= len(held) < 12 and held <= computed and len(computed - held) <= 2
