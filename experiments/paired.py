@@ -85,7 +85,11 @@ def paired_mean(
     va, vb = item_values(records, a, metric, where), item_values(records, b, metric, where)
     if not va or not vb:
         missing = a if not va else b
-        raise ValueError(f"no {metric!r} records of {missing!r} (where {dict(where)})")
+        held = sorted({str(r["method"]) for r in records if r.get("metric") == metric})
+        raise ValueError(
+            f"no {metric!r} records of {missing!r} (where {dict(where)}); the journal's "
+            f"methods with {metric!r} records, options as the run resolved them: {held}"
+        )
     keys = [k for k in va if k in vb and math.isfinite(va[k]) and math.isfinite(vb[k])]
     diffs = [va[k] - vb[k] for k in keys]
     ci = bootstrap_ci(diffs, n_resamples=n_boot, seed=seed)

@@ -88,7 +88,9 @@ def test_two_values_for_one_item_are_an_error(tmp_path) -> None:
         paired.main([str(path), "--metric", "comprehensiveness", "--pair", "a", "b"])
 
 
-def test_a_missing_method_is_named(tmp_path) -> None:
+def test_a_missing_method_is_named_with_the_methods_held(tmp_path) -> None:
+    """A plain name whose units carry resolved options (``value_zeroing[aggregation=mean]``)
+    is not found: the error lists the labels to use."""
     path = _journal(tmp_path, labels=("a",))
-    with pytest.raises(ValueError, match="'b'"):
+    with pytest.raises(ValueError, match=r"'b'.*\['a'\]"):
         paired.main([str(path), "--metric", "comprehensiveness", "--pair", "a", "b"])
