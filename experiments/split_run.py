@@ -105,7 +105,7 @@ def _label_matches(requested: str, label: str) -> bool:
 def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[str, float], bool]:
     """Each method's estimated remaining CPU seconds (module docstring, step 1), and whether
     they are measured; every method weighs 1 when the journal has no measurement."""
-    from experiments.run_costs import ONE_OFF, split_key
+    from experiments.run_costs import ONE_OFF, cost_table, split_key
 
     unmeasured = ({m: 1.0 for m in methods}, False)
     if journal is None or not journal.is_file():
@@ -113,22 +113,17 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
     lines = read_lines(journal, repair=True)
     n = lines[0].get("n") if lines else None
     done: dict[str, dict[str, set[int]]] = {}  # label -> where -> items, on any device
-    spent: dict[str, list[float]] = {}  # label -> CPU seconds, unit items of its CPU units
-    modes: dict[str, set[str]] = {}  # label -> the modes of its units (agreement: two)
     for line in lines[1:]:
-        if line.get("kind") != "batch":
-            continue
-        where, label = split_key(line["method"])
-        if label.startswith(ONE_OFF):
-            continue
-        done.setdefault(label, {}).setdefault(where, set()).update(line["items"])
-        parts = line["method"].split("|")
-        modes.setdefault(label, set()).add(parts[2] if len(parts) > 2 else "")
-        info = line.get("info") or {}
-        if "cpu_s" in info and str(info.get("device", "cpu")) == "cpu":
-            acc = spent.setdefault(label, [0.0, 0.0])
-            acc[0] += float(info["cpu_s"])
-            acc[1] += len(line["items"]) / len(modes[label])
+        if line.get("kind") == "batch":
+            where, label = split_key(line["method"])
+            if not label.startswith(ONE_OFF):
+                done.setdefault(label, {}).setdefault(where, set()).update(line["items"])
+    spent: dict[str, list[float]] = {}  # label -> CPU seconds, items (the CPU units, run_costs)
+    for row in cost_table(journal):
+        if row["method"] not in ONE_OFF:
+            acc = spent.setdefault(row["method"], [0.0, 0.0])
+            acc[0] += row["cpu_s"]
+            acc[1] += row["items"]
     wheres = {w for per in done.values() for w in per} or {""}
     rates: dict[str, float | None] = {}
     left: dict[str, float] = {}
