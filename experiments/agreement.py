@@ -593,7 +593,8 @@ def score_task(
     unit keys.
 
     ``units``: the run's journal (:mod:`experiments.resume`); each batch × mode × method is one
-    unit, taken from it when it holds that unit for these very items and journaled otherwise.
+    unit, taken from it when it holds that unit for these very items and journaled otherwise
+    (a ``so_far`` journal: batches it lacks any unit of are left out).
     ``examples``: when given and empty, receives each method's first item (first mode) for the
     report's token maps (computed anew for units taken from the journal)."""
     units = units if units is not None else Units(None, "agreement", {})
@@ -609,6 +610,13 @@ def score_task(
         prompts, evidence = data.prompts[sl], data.evidence[sl]
         scope = data.scope[sl] if data.scope is not None else None
         items = list(range(start, start + len(prompts)))
+        keys = {
+            (method, mode): f"{task}:{items_id}|{method}{unit_suffix(method, opts[method])}|{mode}"
+            for mode, _ in modes
+            for method in methods
+        }
+        if units.so_far and not units.finished(keys.values(), items):
+            continue  # --so-far: a batch some method has not finished is left out
         explained: dict[str, Any] = {}  # target-free methods: one explanation per batch
         for mode, contrastive in modes:
             target = Target(
@@ -633,8 +641,7 @@ def score_task(
                     opts[method],
                     scope,
                 )
-                key = f"{task}:{items_id}|{method}{unit_suffix(method, opts[method])}|{mode}"
-                records += units.get(key, items, compute)
+                records += units.get(keys[method, mode], items, compute)
     if collect and examples is not None and data.prompts:
         first = Target(
             token=list(data.targets[:1]),
@@ -648,6 +655,16 @@ def score_task(
                 kept[method] = one[0]
         examples += [kept[m] for m in methods]
     return records
+
+
+def so_far_note(count: dict[str, Any]) -> str:
+    """``--so-far``: how many of the task's explained items the table covers."""
+    if "so_far" not in count:
+        return ""
+    return (
+        f"so far {count['so_far']} of the {count['n_explained']} items (the batches every "
+        "method has finished); "
+    )
 
 
 def summarize(
@@ -790,6 +807,7 @@ def run(
         overwrite=args.overwrite,
         journal=args.journal,
         device=device_label(args.device),
+        so_far=args.so_far,
     )
     records: list[dict[str, Any]] = []
     counts: dict[str, dict[str, Any]] = {}
@@ -823,10 +841,13 @@ def run(
             depths[task] = grad_ellm_depth(model, task, args, data, data_files, units)
             depth = depths[task].depth
         options = {m: experiment_options(m, args.seed, model, args, depth) for m in methods}
-        records += score_task(
-            model, task, data, methods, args.batch_size, args.seed, examples=examples,
-            units=units, options=options,
+        task_records = score_task(
+            model, task, data, methods, args.batch_size, args.seed,
+            examples=None if args.so_far else examples, units=units, options=options,
         )  # fmt: skip
+        records += task_records
+        if args.so_far:
+            counts[task]["so_far"] = len({r["item"] for r in task_records})
     if units.reused:
         print(f"{units.reused} units taken from {units.path}, {units.computed} computed")
     summary = summarize(records, n_boot=args.n_boot, seed=args.seed)
@@ -841,7 +862,7 @@ def run(
     for task in counts:
         lines += [
             "",
-            f"[{task}] explained {counts[task]['n_explained']} of "
+            f"[{task}] {so_far_note(counts[task])}explained {counts[task]['n_explained']} of "
             f"{counts[task]['n_correct']} correct / {counts[task]['n_scored']} scored "
             f"{counts[task]['note']}".rstrip()
             + ("; metrics over the context only (the paper's setting)" if task in scoped else ""),

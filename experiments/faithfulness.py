@@ -452,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         overwrite=args.overwrite,
         journal=args.journal,
         device=device_label(args.device),
+        so_far=args.so_far,
     )
     result = run(model, args, datasets, methods, pis, units)
     records, accuracy, figs, examples = (
@@ -465,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = summarize(records) + result.extra_rows
     table = render(
         summary, datasets, methods, accuracy, args, records=records, depths=result.depths,
-        notes=setting_notes(methods, model, args),
+        notes=setting_notes(methods, model, args), so_far=result.so_far,
     )  # fmt: skip
     print(table)
     paths = write_outputs(
@@ -523,6 +524,9 @@ class RunResult:
     examples: list[Any]
     extra_rows: list[dict[str, Any]]
     depths: dict[str, DepthChoice] = dataclasses.field(default_factory=dict)
+    so_far: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """``--so-far``: per dataset, the items scored (every method's batch journaled) and the
+    run's items."""
 
 
 def curve_figures(records: Sequence[dict[str, Any]], dataset: str, methods: Sequence[str]):
@@ -726,6 +730,7 @@ def run_classifiers(
     examples: list[Any] = []
     extra_rows: list[dict[str, Any]] = []
     depths: dict[str, DepthChoice] = {}
+    so_far: dict[str, tuple[int, int]] = {}
     fractions = [float(f) for f in parse_list(args.fractions)]
     for dataset in datasets:
         clf = load_classifier(
@@ -773,12 +778,16 @@ def run_classifiers(
             depth = depths[dataset].depth
         opts = {m: experiment_options(m, args.seed, clf.model, args, depth) for m in ds_methods}
         starts = range(0, len(inputs), args.batch_size)
+        scored: list[int] = []
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(inputs[sl])))
             keys = {
                 m: f"{dataset}:{clf_id}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in ds_methods
             }
+            if units.so_far and not units.finished(keys.values(), items):
+                continue
+            scored += items
             share = batch_share(units, keys, items, opts)
             memo = ForwardMemo(clf.model, clf.head)
             for method in ds_methods:
@@ -789,17 +798,20 @@ def run_classifiers(
                     memo,
                 )  # fmt: skip
                 records += units.get(keys[method], items, compute)
-        if regression:
+        if regression and scored:
             for method in ds_methods:
                 where = {"dataset": dataset, "method": method}
                 full = curve_points(records, "output_full", **where).values
                 perturbed = curve_points(records, "output_without_top@", **where).values
                 extra_rows += pearson_drop_rows(
-                    dataset, method, full[:, 0], perturbed, gold_t.double(), fractions, args.seed
-                )
-        if inputs:
+                    dataset, method, full[:, 0], perturbed, gold_t[scored].double(), fractions,
+                    args.seed,
+                )  # fmt: skip
+        if scored:
             figs += curve_figures(records, dataset, ds_methods)
-    return RunResult(records, accuracy, figs, examples, extra_rows, depths)
+        if units.so_far:
+            so_far[dataset] = (len(scored), len(inputs))
+    return RunResult(records, accuracy, figs, examples, extra_rows, depths, so_far)
 
 
 def classifier_unit(
@@ -842,6 +854,7 @@ def run_zero_shot(
     figs: list[Any] = []
     examples: list[Any] = []
     depths: dict[str, DepthChoice] = {}
+    so_far: dict[str, tuple[int, int]] = {}
     for dataset in datasets:
         ids = label_ids(tok, dataset)
         items = load(dataset, args.n, args.seed)
@@ -873,11 +886,15 @@ def run_zero_shot(
             depth = depths[dataset].depth
         opts = {m: experiment_options(m, args.seed, model, args, depth) for m in methods}
         starts = range(0, len(prompts), args.batch_size)
+        scored: list[int] = []
         for start in progress_bar(starts, desc=f"{dataset} batches", unit="batch"):
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(prompts[sl])))
             target = Target(token=[ids[p] for p in pred[sl]])
             keys = {m: f"{dataset}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in methods}
+            if units.so_far and not units.finished(keys.values(), items):
+                continue
+            scored += items
             share = batch_share(units, keys, items, opts)
             memo = ForwardMemo(model, target.head)
             for method in methods:
@@ -887,9 +904,11 @@ def run_zero_shot(
                     None, gold, pred, keep, opts[method], share, memo,
                 )  # fmt: skip
                 records += units.get(keys[method], items, compute)
-        if prompts:
+        if scored:
             figs += curve_figures(records, dataset, methods)
-    return RunResult(records, accuracy, figs, examples, [], depths)
+        if units.so_far:
+            so_far[dataset] = (len(scored), len(prompts))
+    return RunResult(records, accuracy, figs, examples, [], depths, so_far)
 
 
 def zero_shot_tuning_prompts(
@@ -927,9 +946,11 @@ def render(
     records: Sequence[dict[str, Any]] = (),
     depths: dict[str, DepthChoice] | None = None,
     notes: Sequence[str] = (),
+    so_far: dict[str, tuple[int, int]] | None = None,
 ) -> str:
     """The paper-style table per dataset, with the method settings (``notes``), Grad-ELLM's
-    depth and IG's completeness gaps under each table."""
+    depth and IG's completeness gaps under each table; ``so_far`` (a ``--so-far`` run): per
+    dataset, the items scored of the run's items, said above its table."""
     index = {(r["dataset"], r["method"], r["metric"]): r["mean"] for r in summary}
     depths = depths or {}
     if args.mode == "zero-shot":
@@ -947,9 +968,14 @@ def render(
         ]
         rows = [[m] + [index.get((dataset, m, COLUMNS[c])) for c in cols] for m in methods]
         what = "zero-shot accuracy" if args.mode == "zero-shot" else "classifier score"
+        done = (so_far or {}).get(dataset)
+        partial = (
+            f"; so far: {done[0]} of the run's {done[1]} items (the batches every method has "
+            "finished)" if done else ""
+        )  # fmt: skip
         lines += [
             "",
-            f"[{dataset}] {what} {accuracy.get(dataset, float('nan')):.3f}",
+            f"[{dataset}] {what} {accuracy.get(dataset, float('nan')):.3f}{partial}",
             format_table(rows, ["method", *cols]),
             *([depths[dataset].note()] if dataset in depths else []),
             *gap_lines(records, {"dataset": dataset}, None, args.ig_max_steps),

@@ -20,6 +20,12 @@ seconds it took (``info.cpu_s``, ``info.wall_s``: this process's CPU time, all i
 device that computed it (``info.device``), from which a run's cost per item and its time to
 finish are read (:func:`unit_costs`).
 
+``--so-far`` makes a run's tables while it still goes on (or after it stopped), from its
+journal alone: the same command plus ``--so-far`` reads the journal without writing to it,
+computes no unit, and leaves out every batch that some method has not finished (the experiment
+checks each batch with :meth:`Units.finished` and skips it), so that all methods are compared on
+the same items; the tables say how many items they cover.
+
 ``--journal PATH`` keeps the journal elsewhere, e.g. compressed in a run directory of the
 repository (``docs/results/runs/<name>/records.jsonl.gz`` with ``manifest.json``,
 :mod:`lens_attrib.evaluation.runs`), so that the run resumes from a fresh checkout.
@@ -31,7 +37,7 @@ import argparse
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,10 @@ from lens_attrib.evaluation.journal import Journal
 from lens_attrib.evaluation.provenance import code_version
 
 Records = list[dict[str, Any]]
+
+
+class UnitNotJournaled(LookupError):
+    """A ``--so-far`` run needed a unit that its journal does not hold yet."""
 
 
 def fingerprint(values: Sequence[Any]) -> str:
@@ -60,16 +70,25 @@ class Units:
         overwrite: bool = False,
         journal: str | Path | None = None,
         device: str = "cpu",
+        so_far: bool = False,
     ) -> None:
         """``journal``: the journal's path (``.jsonl`` or compressed ``.jsonl.gz``) instead of
         ``<out>/<name>.records.jsonl``; either one makes the run journaled. ``device``: where
         the units are computed (:func:`experiments.common.device_label`), journaled with each
-        unit's cost, since CPU seconds measure the work only of units computed on the CPU."""
+        unit's cost, since CPU seconds measure the work only of units computed on the CPU.
+        ``so_far``: read the journal without writing to it and compute nothing (:meth:`get`
+        raises :class:`UnitNotJournaled` for a unit it lacks; see the module docstring)."""
         self.journal: Journal | None = None
         self.device = device
+        self.so_far = so_far
         self.computed = 0
         self.reused = 0
-        if journal is not None or out is not None:
+        if so_far:
+            if journal is None and out is None:
+                raise ValueError("--so-far reads a run's journal: pass its --out or --journal")
+            path = Path(str(out)) / f"{name}.records.jsonl" if journal is None else Path(journal)
+            self.journal = Journal.read(path, {"experiment": name, **manifest})
+        elif journal is not None or out is not None:
             path = Path(str(out)) / f"{name}.records.jsonl" if journal is None else Path(journal)
             if path.exists() and not (resume or overwrite):
                 raise FileExistsError(
@@ -94,6 +113,10 @@ class Units:
                 return list(line["records"])
         return None
 
+    def finished(self, keys: Iterable[str], items: Sequence[int]) -> bool:
+        """Whether the journal holds every unit of ``keys`` over ``items``."""
+        return all(self.stored(key, items) is not None for key in keys)
+
     def get(
         self,
         key: str,
@@ -108,6 +131,12 @@ class Units:
         if found is not None:
             self.reused += 1
             return found
+        if self.so_far:
+            raise UnitNotJournaled(
+                f"--so-far: {self.path} does not hold unit {key} over its {len(items)} "
+                "items yet, and the tables need it before any "
+                "batch (e.g. a depth tuning): resume the run until it has passed that unit."
+            )
         cpu, wall = time.process_time(), time.perf_counter()
         records = compute()
         before = spent_before or {}
@@ -177,6 +206,13 @@ def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) 
         "--overwrite", action="store_true", help="discard a journal already in --out"
     )
     parser.add_argument(
+        "--so-far",
+        action="store_true",
+        help="make the tables from the run's journal as it stands (the run may still be going): "
+        "nothing is computed or written to the journal, and batches that some method has not "
+        "finished are left out, so every method is scored on the same items",
+    )
+    parser.add_argument(
         "--journal",
         default=None,
         help=f"journal here instead of <out>/{name}.records.jsonl (.jsonl.gz: compressed, "
@@ -184,4 +220,12 @@ def add_resume_arguments(parser: argparse.ArgumentParser, name: str, unit: str) 
     )
 
 
-__all__ = ["Records", "Units", "add_resume_arguments", "fingerprint", "journal_file", "unit_costs"]
+__all__ = [
+    "Records",
+    "UnitNotJournaled",
+    "Units",
+    "add_resume_arguments",
+    "fingerprint",
+    "journal_file",
+    "unit_costs",
+]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from experiments import common
 
@@ -285,6 +286,100 @@ def test_faithfulness_resumes_with_curves_and_pearson_drop(tmp_path, minilm, mon
     assert drops == {"pearson_drop", "pearson_drop@0.3", "pearson_drop@0.6"}
     points = {r["metric"] for r in old}
     assert {"output_full", "output_without_top@0.3", "comprehensiveness@0.6"} <= points
+
+
+def _drop_unit(journal: Path, method: str, items: list[int]) -> None:
+    """Remove one unit's line from a plain journal (a run that has not reached it yet)."""
+    lines = journal.read_text().splitlines(keepends=True)
+    kept = [
+        ln
+        for ln in lines
+        if not (
+            json.loads(ln).get("kind") == "batch"
+            and json.loads(ln)["method"].endswith(f"|{method}")
+            and json.loads(ln)["items"] == items
+        )
+    ]
+    assert len(kept) == len(lines) - 1
+    journal.write_text("".join(kept))
+
+
+def test_faithfulness_so_far_scores_the_batches_every_method_finished(
+    tmp_path, minilm, monkeypatch
+):
+    """--so-far on a journal that lacks one method's second batch: nothing computed, the
+    journal untouched, and the table over the first batch's items only: its rows (Pearson
+    drop included, whose gold must follow the items scored) are those of the finished run's
+    records of those items."""
+    from experiments import faithfulness
+    from lens_attrib.evaluation.records import curve_points
+
+    monkeypatch.setattr(
+        faithfulness,
+        "load_classifier",
+        partial(faithfulness.load_classifier, cache_dir=tmp_path / "cache"),
+    )
+    common._MODELS[("minilm-l6", "cpu")] = minilm
+    out = tmp_path / "out"
+    args = ["--model", "minilm-l6", "--datasets", "stsb", "--n", "6", "--train-n", "24",
+            "--dev-n", "8", "--fractions", "0.3,0.6", "--batch-size", "3",
+            "--methods", "random,embed_norm", "--out", str(out)]  # fmt: skip
+    computed: list[str] = []
+    try:
+        faithfulness.main(args)
+        records = json.loads((out / "faithfulness.json").read_text())["records"]
+        journal = out / "faithfulness.records.jsonl"
+        _drop_unit(journal, "embed_norm", [3, 4, 5])
+        before = journal.read_bytes()
+        real = faithfulness.classifier_unit
+        monkeypatch.setattr(
+            faithfulness, "classifier_unit", lambda *a, **k: computed.append(a[4]) or real(*a, **k)
+        )
+        so_far = faithfulness.main([*args, "--so-far"])
+    finally:
+        common._MODELS.pop(("minilm-l6", "cpu"), None)
+    assert computed == [] and journal.read_bytes() == before
+    assert "so far: 3 of the run's 6 items" in so_far["table"]
+    first = [r for r in records if r["item"] < 3]
+    expected = faithfulness.summarize(first)
+    for method in ("random", "embed_norm"):
+        where = {"dataset": "stsb", "method": method}
+        full = curve_points(first, "output_full", **where).values[:, 0]
+        perturbed = curve_points(first, "output_without_top@", **where).values
+        gold = torch.as_tensor(  # as the run holds it: torch's default float (float32)
+            [next(r["gold"] for r in first if r["item"] == i) for i in range(3)]
+        ).double()
+        expected += faithfulness.pearson_drop_rows(
+            "stsb", method, full, perturbed, gold, [0.3, 0.6], 0
+        )
+    assert so_far["summary"] == expected
+    assert {r["metric"] for r in so_far["summary"]} >= {"pearson_drop", "comprehensiveness"}
+
+
+def test_agreement_so_far_scores_the_batches_every_method_finished(tmp_path, monkeypatch):
+    """--so-far on an agreement journal lacking one unit of the second batch: the summary is
+    that of the first batch's records, nothing is computed and the journal is untouched; a
+    run without its journal is refused."""
+    from experiments import agreement
+
+    args = ["--n", "3", "--n-pool", "12", "--tasks", "sva", "--batch-size", "2", "--device",
+            "cpu", "--methods", "grad_x_input,random", "--out", str(tmp_path)]  # fmt: skip
+    assert agreement.main(args)["counts"]["sva"]["n_explained"] == 3
+    records = json.loads((tmp_path / "agreement.json").read_text())["records"]
+    journal = tmp_path / "agreement.records.jsonl"
+    _drop_unit(journal, "random|plain", [2])
+    before = journal.read_bytes()
+    computed: list[str] = []
+    real = agreement.unit_records
+    monkeypatch.setattr(
+        agreement, "unit_records", lambda *a, **k: computed.append(a[5]) or real(*a, **k)
+    )
+    so_far = agreement.main([*args, "--so-far"])
+    assert computed == [] and journal.read_bytes() == before
+    assert so_far["summary"] == agreement.summarize([r for r in records if r["item"] < 2])
+    assert "so far 2 of the 3 items" in so_far["table"]
+    with pytest.raises(FileNotFoundError, match="no such journal"):
+        agreement.main([*args[:-1], str(tmp_path / "elsewhere"), "--so-far"])
 
 
 def test_prompt_labels_are_single_tokens(smollm2):

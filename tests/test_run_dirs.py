@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from experiments import checkpoint_run
-from experiments.resume import Units
+from experiments.resume import UnitNotJournaled, Units
 from lens_attrib.evaluation import cli, provenance, runner, runs
 from lens_attrib.evaluation.items import load_task
 from lens_attrib.evaluation.journal import (
@@ -101,6 +101,40 @@ def test_torn_last_member_is_dropped_and_cut(tmp_path):
     journal.path.write_bytes(whole[:mid] + bytes([whole[mid] ^ 0xFF]) + whole[mid + 1 :])
     with pytest.raises(JournalCorrupt, match="member 2"):
         read_lines(journal.path)
+
+
+def test_read_only_journal_leaves_the_writers_torn_tail_alone(tmp_path):
+    """Journal.read (``--so-far``) while a run appends: the member in flight is left out and
+    left in the file, nothing can be appended, and another run's journal is refused."""
+    journal = Journal.open(tmp_path / "records.jsonl.gz", {"run": 1})
+    _batches(journal)
+    in_flight = journal.path.read_bytes() + gzip.compress(b'{"kind": "batch", "x": 1}\n')[:-9]
+    journal.path.write_bytes(in_flight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the unit in flight is no warning here
+        read = Journal.read(journal.path, {"run": 1})
+    _same(read.records(), journal.records())
+    assert journal.path.read_bytes() == in_flight
+    with pytest.raises(PermissionError, match="read-only"):
+        read.append("m", [9], [{"item": 9}], batch_size=1, bucket=0)
+    with pytest.raises(ManifestMismatch, match="run: 1 -> 2"):
+        Journal.read(journal.path, {"run": 2})
+    with pytest.raises(FileNotFoundError, match="no such journal"):
+        Journal.read(tmp_path / "other.jsonl.gz", {"run": 1})
+    assert not (tmp_path / "other.jsonl.gz").exists()
+
+
+def test_so_far_units_compute_nothing(tmp_path):
+    path = tmp_path / "records.jsonl"
+    Units(None, "agreement", {"n": 2}, journal=path).get("u", [0, 1], lambda: [{"item": 0}])
+    units = Units(None, "agreement", {"n": 2}, journal=path, so_far=True)
+    assert units.finished(["u"], [0, 1]) and not units.finished(["u", "v"], [0, 1])
+    assert units.get("u", [0, 1], lambda: []) == [{"item": 0}]
+    with pytest.raises(UnitNotJournaled, match="does not hold unit v"):
+        units.get("v", [0, 1], lambda: [{"item": 0}])
+    assert units.computed == 0 and len(path.read_text().splitlines()) == 2
+    with pytest.raises(ValueError, match="--out or --journal"):
+        Units(None, "agreement", {"n": 2}, so_far=True)
 
 
 def test_shard_journal_names():

@@ -93,6 +93,8 @@ class Journal:
     batches: list[dict[str, Any]] = field(default_factory=list)
     code: dict[str, Any] | None = None
     """The code version of this process when it differs from the manifest's (resumed run)."""
+    read_only: bool = False
+    """Opened by :meth:`read`: batches cannot be appended."""
 
     @classmethod
     def open(
@@ -106,19 +108,8 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
         wanted = {"kind": "manifest", "format": FORMAT, **normalized(manifest)}
         lines = [] if overwrite or not path.exists() else read_lines(path, repair=True)
-        if lines and lines[0].get("kind") == "manifest":
-            changed = differences(lines[0], wanted, skip=UNCOMPARED)
-            if changed:
-                raise ManifestMismatch(
-                    f"{path} holds the records of a different run ({'; '.join(changed)}). "
-                    "Resuming would mix the two: write to a new output path, or pass "
-                    "--overwrite (overwrite=True) to discard the old records and start again."
-                )
-            old, new = lines[0].get("code_version"), wanted.get("code_version")
-            batches = [ln for ln in lines[1:] if ln.get("kind") == "batch"]
-            journal = cls(path, lines[0], batches, code=new if new != old else None)
-        elif lines:
-            raise JournalCorrupt(f"{path} does not start with a manifest line: not a journal.")
+        if lines:
+            journal = cls._of(path, lines, wanted)
         else:
             journal = cls(path, wanted)
             _write(path, [wanted], mode="w")
@@ -128,6 +119,42 @@ class Journal:
             if not copy.exists() or copy.read_text(encoding="utf-8") != text:
                 copy.write_text(text, encoding="utf-8")
         return journal
+
+    @classmethod
+    def read(cls, path: str | Path, manifest: Mapping[str, Any]) -> Journal:
+        """Read the journal at ``path`` without writing to it, e.g. while its run still appends
+        to it: its manifest must be ``manifest`` (else :class:`ManifestMismatch`), and a torn
+        last line (the batch being written) is left out and left in the file. The journal is
+        read-only (:meth:`append` refuses)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such journal (the run has not started here?)")
+        wanted = {"kind": "manifest", "format": FORMAT, **normalized(manifest)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a torn tail is the unit in flight
+            lines = read_lines(path)
+        if not lines:
+            raise JournalCorrupt(f"{path} is empty: not a journal.")
+        journal = cls._of(path, lines, wanted)
+        journal.read_only = True
+        return journal
+
+    @classmethod
+    def _of(cls, path: Path, lines: list[dict[str, Any]], wanted: dict[str, Any]) -> Journal:
+        """The journal of ``lines`` read from ``path``, checked against the manifest
+        ``wanted``."""
+        if lines[0].get("kind") != "manifest":
+            raise JournalCorrupt(f"{path} does not start with a manifest line: not a journal.")
+        changed = differences(lines[0], wanted, skip=UNCOMPARED)
+        if changed:
+            raise ManifestMismatch(
+                f"{path} holds the records of a different run ({'; '.join(changed)}). "
+                "Resuming would mix the two: write to a new output path, or pass "
+                "--overwrite (overwrite=True) to discard the old records and start again."
+            )
+        old, new = lines[0].get("code_version"), wanted.get("code_version")
+        batches = [ln for ln in lines[1:] if ln.get("kind") == "batch"]
+        return cls(path, lines[0], batches, code=new if new != old else None)
 
     def finished(self, method: str) -> set[int]:
         """Items whose records for ``method`` are on disk."""
@@ -148,6 +175,8 @@ class Journal:
     ) -> None:
         """Write one finished batch durably (one line, flushed and fsynced); ``info``: extra
         facts about it (e.g. the code version that computed it), kept under ``"info"``."""
+        if self.read_only:
+            raise PermissionError(f"{self.path} was opened read-only (Journal.read)")
         line = {
             "kind": "batch",
             "method": method,
