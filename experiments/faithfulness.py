@@ -71,6 +71,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -159,6 +161,10 @@ COLUMNS = {
     "Soft-NS ↑": "soft_ns",
     "E[R] NS": "expected_retained_ns",
 }
+
+UNBOUNDED = ("πNC ↑", "πNC fix ↑", "Soft-NC ↑")
+"""Columns whose item values have no upper bound: the NC ratios (their medians are printed
+under the table, :func:`median_lines`)."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
@@ -977,10 +983,50 @@ def render(
             "",
             f"[{dataset}] {what} {accuracy.get(dataset, float('nan')):.3f}{partial}",
             format_table(rows, ["method", *cols]),
+            *median_lines(records, dataset, methods),
             *([depths[dataset].note()] if dataset in depths else []),
             *gap_lines(records, {"dataset": dataset}, None, args.ig_max_steps),
         ]
     return "\n".join(lines)
+
+
+def median_lines(
+    records: Sequence[dict[str, Any]], dataset: str, methods: Sequence[str]
+) -> list[str]:
+    """The medians over items of the NC ratios (:data:`UNBOUNDED`), with the largest item value.
+
+    Soft-NC divides the shift of the perturbed output by ΔP₀, the Hellinger distance between
+    the outputs on the input and on the all-zero input (π-Soft paper, eq. 5), and "can exceed
+    1". Where zeroing every token barely moves the prediction (a two-class head whose zero
+    input predicts the item's class), ΔP₀ is small and the ratio large, so a few items can set
+    the mean of a column; the medians do not follow them. Empty without NC records."""
+    wanted = {COLUMNS[c]: c for c in UNBOUNDED}
+    values: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    for r in records:
+        name = wanted.get(r.get("metric", ""))
+        v = r.get("value")
+        if name and r.get("dataset") == dataset and v is not None and math.isfinite(float(v)):
+            values.setdefault((r["method"], name), []).append((float(v), int(r["item"])))
+    cols = [c for c in UNBOUNDED if any(c == k[1] for k in values)]
+    if not cols:
+        return []
+    rows = [
+        [m] + [statistics.median(v for v, _ in values[m, c]) if (m, c) in values else None
+               for c in cols]
+        for m in methods
+    ]  # fmt: skip
+    top = [(max(got), m, c) for (m, c), got in values.items()]
+    (value, item), method, col = max(top)
+    bound = (
+        f"; a Hellinger distance is at most 1, so ΔP₀ ≤ {1 / value:.2g} there" if value > 1 else ""
+    )
+    return [
+        "Medians over items of the NC ratios. Each divides by ΔP₀, the Hellinger shift that "
+        "zeroing every token makes, which is small where the zero input keeps the prediction; "
+        "there the ratio is large, and a few items can set a mean in the table above. Largest "
+        f"item value: {col} {value:.3g} ({method}, item {item}{bound}).",
+        format_table(rows, ["method", *cols]),
+    ]
 
 
 if __name__ == "__main__":

@@ -448,6 +448,27 @@ def test_largest_batch_linear_fit():
     assert 0 < largest_batch(2 * gb, 1.9 * gb, 8 * gb, 4096) < 4096
 
 
+def test_nc_medians_under_the_table_are_not_moved_by_one_item():
+    """One item with a tiny ΔP₀ sets the mean of its column; the median line does not follow
+    it, names it, and bounds its ΔP₀; without NC records there is no median table."""
+    from experiments.faithfulness import median_lines
+
+    def rec(method: str, metric: str, item: int, value: float) -> dict[str, Any]:
+        return {"dataset": "sst2", "method": method, "metric": metric, "item": item,
+                "value": value}  # fmt: skip
+
+    values = {"ig": [0.5, 0.9, 1.2, 400.0], "random": [0.4, 0.6, 0.7, math.nan]}
+    records = [
+        rec(m, "pi_soft_nc_fixed", i, v) for m, vs in values.items() for i, v in enumerate(vs)
+    ] + [rec("ig", "pi_soft_ns", 0, 0.3), rec("ig", "pi_soft_nc_fixed@0.5", 0, 9000.0)]
+    lines = median_lines(records, "sst2", ["ig", "random"])
+    assert "πNC fix ↑ 400 (ig, item 3; " in lines[0] and "ΔP₀ ≤ 0.0025 there" in lines[0]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1].splitlines()[2:]}
+    assert rows == {"ig": ["1.050"], "random": ["0.600"]}  # NaN left out, 400 not followed
+    assert median_lines(records, "stsb", ["ig"]) == []
+    assert median_lines([rec("ig", "comprehensiveness", 0, 0.2)], "sst2", ["ig"]) == []
+
+
 def test_format_table_and_json_safe():
     table = common.format_table([["a", 0.5, float("nan")], ["bb", 1, None]], ["m", "x", "y"])
     lines = table.splitlines()
