@@ -1020,11 +1020,12 @@ def median_lines(
     bound = (
         f"; a Hellinger distance is at most 1, so ΔP₀ ≤ {1 / value:.2g} there" if value > 1 else ""
     )
+    shown = f"{value:.1f}" if value >= 10 else f"{value:.3g}"
     return [
         "Medians over items of the NC ratios. Each divides by ΔP₀, the Hellinger shift that "
         "zeroing every token makes, which is small where the zero input keeps the prediction; "
         "there the ratio is large, and a few items can set a mean in the table above. Largest "
-        f"item value: {col} {value:.3g} ({method}, item {item}{bound}).",
+        f"item value: {col} {shown} ({method}, item {item}{bound}).",
         format_table(rows, ["method", *cols]),
     ]
 

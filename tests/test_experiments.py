@@ -462,7 +462,7 @@ def test_nc_medians_under_the_table_are_not_moved_by_one_item():
         rec(m, "pi_soft_nc_fixed", i, v) for m, vs in values.items() for i, v in enumerate(vs)
     ] + [rec("ig", "pi_soft_ns", 0, 0.3), rec("ig", "pi_soft_nc_fixed@0.5", 0, 9000.0)]
     lines = median_lines(records, "sst2", ["ig", "random"])
-    assert "πNC fix ↑ 400 (ig, item 3; " in lines[0] and "ΔP₀ ≤ 0.0025 there" in lines[0]
+    assert "πNC fix ↑ 400.0 (ig, item 3; " in lines[0] and "ΔP₀ ≤ 0.0025 there" in lines[0]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1].splitlines()[2:]}
     assert rows == {"ig": ["1.050"], "random": ["0.600"]}  # NaN left out, 400 not followed
     assert median_lines(records, "stsb", ["ig"]) == []
