@@ -83,13 +83,14 @@ class Units:
         self.so_far = so_far
         self.computed = 0
         self.reused = 0
-        if so_far:
-            if journal is None and out is None:
+        if journal is None and out is None:
+            if so_far:
                 raise ValueError("--so-far reads a run's journal: pass its --out or --journal")
-            path = Path(str(out)) / f"{name}.records.jsonl" if journal is None else Path(journal)
+            return
+        path = Path(str(out)) / f"{name}.records.jsonl" if journal is None else Path(journal)
+        if so_far:
             self.journal = Journal.read(path, {"experiment": name, **manifest})
-        elif journal is not None or out is not None:
-            path = Path(str(out)) / f"{name}.records.jsonl" if journal is None else Path(journal)
+        else:
             if path.exists() and not (resume or overwrite):
                 raise FileExistsError(
                     f"{path} holds the records of an earlier run. Pass --resume (resume=True) "
