@@ -9,6 +9,10 @@ interval is of the difference, not of two independent means). Statistics:
 
 - an item metric (e.g. ``comprehensiveness``, ``sufficiency``, ``accuracy_perturbation``,
   ``pg``): the mean over items of ``A_i − B_i``;
+- with ``--statistic median``, an item metric's difference of medians over the same items,
+  ``median_i A_i − median_i B_i``, items resampled jointly: for heavy-tailed metrics, e.g. the
+  NC ratios of π-Soft, whose mean over items one item with a near-zero denominator ΔP₀ can
+  set (:func:`experiments.faithfulness.median_lines`);
 - ``pearson_drop`` (regression, STS-B): a dataset-level statistic,
   ``mean_K [r(ŷ, y) − r(ŷ \\ top K, y)]`` (:func:`lens_attrib.evaluation.pearson_drop`) from the
   records' ``output_full`` and ``output_without_top@K`` points and gold scores, computed for A
@@ -72,7 +76,10 @@ def item_values(
     return values
 
 
-def paired_mean(
+STATISTICS = ("mean", "median")
+
+
+def paired_item_metric(
     records: Sequence[Mapping[str, Any]],
     a: str,
     b: str,
@@ -80,8 +87,12 @@ def paired_mean(
     where: Mapping[str, Any],
     n_boot: int,
     seed: int,
+    statistic: str = "mean",
 ) -> dict[str, Any]:
-    """Mean of ``A_i − B_i`` over the items both have (finite values), with its bootstrap CI."""
+    """Over the items both have (finite values): ``mean_i (A_i − B_i)`` (``statistic="mean"``)
+    or ``median_i A_i − median_i B_i`` (``"median"``), with its bootstrap CI over items."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
     va, vb = item_values(records, a, metric, where), item_values(records, b, metric, where)
     if not va or not vb:
         missing = a if not va else b
@@ -91,10 +102,19 @@ def paired_mean(
             f"methods with {metric!r} records, options as the run resolved them: {held}"
         )
     keys = [k for k in va if k in vb and math.isfinite(va[k]) and math.isfinite(vb[k])]
-    diffs = [va[k] - vb[k] for k in keys]
-    ci = bootstrap_ci(diffs, n_resamples=n_boot, seed=seed)
-    return {"pair": f"{a} − {b}", "metric": metric, "n": ci.n, "mean": ci.mean,
-            "low": ci.low, "high": ci.high}  # fmt: skip
+    if statistic == "mean":
+        ci = bootstrap_ci([va[k] - vb[k] for k in keys], n_resamples=n_boot, seed=seed)
+    else:
+        xa = np.array([va[k] for k in keys], dtype=np.float64)
+        xb = np.array([vb[k] for k in keys], dtype=np.float64)
+        ci = bootstrap_ci(
+            (xa, xb),
+            statistic=lambda x, y: float(np.median(x) - np.median(y)) if len(x) else math.nan,
+            n_resamples=n_boot,
+            seed=seed,
+        )
+    return {"pair": f"{a} − {b}", "metric": metric, "statistic": statistic, "n": ci.n,
+            "difference": ci.mean, "low": ci.low, "high": ci.high}  # fmt: skip
 
 
 def regression_points(
@@ -158,8 +178,8 @@ def paired_pearson_drop(
             n_resamples=n_boot,
             seed=seed,
         )
-    return {"pair": f"{a} − {b}", "metric": "pearson_drop", "n": ci.n, "mean": ci.mean,
-            "low": ci.low, "high": ci.high}  # fmt: skip
+    return {"pair": f"{a} − {b}", "metric": "pearson_drop", "statistic": "drop", "n": ci.n,
+            "difference": ci.mean, "low": ci.low, "high": ci.high}  # fmt: skip
 
 
 def parse_where(items: Sequence[str]) -> dict[str, Any]:
@@ -181,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--pair", nargs=2, action="append", required=True, metavar=("A", "B"),
         help="two methods as in the journal's unit keys; repeat for more pairs",
     )  # fmt: skip
+    parser.add_argument(
+        "--statistic", choices=STATISTICS, default="mean",
+        help="an item metric's mean of differences (default) or difference of medians",
+    )  # fmt: skip
     parser.add_argument("--where", action="append", default=[], help="field=value filters")
     parser.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0)
@@ -188,16 +212,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     records = labelled_records(args.journal)
     where = parse_where(args.where)
     rows = []
+    if args.metric == "pearson_drop" and args.statistic != "mean":
+        parser.error("--statistic applies to item metrics; pearson_drop is one value per run")
     for a, b in args.pair:
         if args.metric == "pearson_drop":
             rows.append(paired_pearson_drop(records, a, b, where, args.n_boot, args.seed))
         else:
-            rows.append(paired_mean(records, a, b, args.metric, where, args.n_boot, args.seed))
+            rows.append(paired_item_metric(records, a, b, args.metric, where, args.n_boot,
+                                           args.seed, args.statistic))  # fmt: skip
     table = [
-        [r["pair"], r["metric"], r["n"], f"{r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"]
+        [r["pair"], r["metric"], r["statistic"], r["n"],
+         f"{r['difference']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"]
         for r in rows
-    ]
-    print(format_table(table, ["pair", "metric", "n", "difference [95% CI]"], fmt=str))
+    ]  # fmt: skip
+    header = ["pair", "metric", "statistic", "n", "difference [95% CI]"]
+    print(format_table(table, header, fmt=str))
     return rows
 
 

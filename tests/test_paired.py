@@ -58,10 +58,10 @@ def test_paired_mean_is_the_mean_of_item_differences(tmp_path) -> None:
     rows = paired.main([str(path.parent), "--metric", "comprehensiveness", "--pair", "a", "b",
                         "--pair", "a[x=1]", "a", "--n-boot", "2000"])  # fmt: skip
     want = float(np.mean(COMP["a"] - COMP["b"]))
-    assert rows[0]["n"] == N and abs(rows[0]["mean"] - want) < 1e-12
-    assert rows[0]["low"] < want < rows[0]["high"]
+    assert rows[0]["n"] == N and abs(rows[0]["difference"] - want) < 1e-12
+    assert rows[0]["low"] < want < rows[0]["high"] and rows[0]["statistic"] == "mean"
     other = float(np.mean(COMP["a[x=1]"] - COMP["a"]))  # the variant's own units, not mixed
-    assert abs(rows[1]["mean"] - other) < 1e-12
+    assert abs(rows[1]["difference"] - other) < 1e-12
 
 
 def test_paired_pearson_drop_equals_the_two_drops(tmp_path) -> None:
@@ -75,8 +75,32 @@ def test_paired_pearson_drop_equals_the_two_drops(tmp_path) -> None:
                               for k in range(2)]))  # fmt: skip
 
     want = drop("a") - drop("b")
-    assert abs(row["mean"] - want) < 1e-12
+    assert abs(row["difference"] - want) < 1e-12
     assert row["low"] <= want <= row["high"] and row["n"] == N
+
+
+def test_paired_median_is_the_difference_of_medians_and_ignores_one_huge_item(tmp_path) -> None:
+    """``--statistic median`` on a metric where one item of ``a`` is a thousand times the rest
+    (an NC ratio over a near-zero ΔP₀): the mean difference follows that item, the difference
+    of medians equals numpy's on the same items and its interval stays near it."""
+    path = tmp_path / "run" / "records.jsonl.gz"
+    journal = Journal.open(path, {"experiment": "test"})
+    values = {"a": COMP["a"].copy(), "b": COMP["b"]}
+    values["a"][7] = 1000.0
+    for label, column in values.items():
+        rows = [{"dataset": "d", "item": i, "method": label, "metric": "pi_soft_nc",
+                 "value": float(column[i])} for i in range(N)]  # fmt: skip
+        journal.append(f"d:ab12|{label}", list(range(N)), rows, batch_size=N, bucket=0)
+    args = [str(path), "--metric", "pi_soft_nc", "--pair", "a", "b", "--n-boot", "2000"]
+    (mean,) = paired.main(args)
+    (median,) = paired.main([*args, "--statistic", "median"])
+    assert mean["difference"] > 20  # one item of 40 sets the mean
+    want = float(np.median(values["a"]) - np.median(values["b"]))
+    assert median["statistic"] == "median" and abs(median["difference"] - want) < 1e-12
+    assert median["low"] <= want <= median["high"] < 1
+    with pytest.raises(SystemExit):
+        paired.main([str(path), "--metric", "pearson_drop", "--pair", "a", "b",
+                     "--statistic", "median"])  # fmt: skip
 
 
 def test_two_values_for_one_item_are_an_error(tmp_path) -> None:
