@@ -109,7 +109,7 @@ def paired_item_metric(
         xb = np.array([vb[k] for k in keys], dtype=np.float64)
         ci = bootstrap_ci(
             (xa, xb),
-            statistic=lambda x, y: float(np.median(x) - np.median(y)) if len(x) else math.nan,
+            statistic=lambda x, y: float(np.median(x) - np.median(y)),
             n_resamples=n_boot,
             seed=seed,
         )

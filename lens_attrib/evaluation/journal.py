@@ -135,22 +135,28 @@ class Journal:
             lines = read_lines(path)
         if not lines:
             raise JournalCorrupt(f"{path} is empty: not a journal.")
-        journal = cls._of(path, lines, wanted)
+        fix = "run the run's own command (its settings) with --so-far in place of --resume."
+        journal = cls._of(path, lines, wanted, fix)
         journal.read_only = True
         return journal
 
     @classmethod
-    def _of(cls, path: Path, lines: list[dict[str, Any]], wanted: dict[str, Any]) -> Journal:
+    def _of(
+        cls,
+        path: Path,
+        lines: list[dict[str, Any]],
+        wanted: dict[str, Any],
+        fix: str = "Resuming would mix the two: write to a new output path, or pass --overwrite "
+        "(overwrite=True) to discard the old records and start again.",
+    ) -> Journal:
         """The journal of ``lines`` read from ``path``, checked against the manifest
-        ``wanted``."""
+        ``wanted``; ``fix``: what a mismatch's error tells the user to do."""
         if lines[0].get("kind") != "manifest":
             raise JournalCorrupt(f"{path} does not start with a manifest line: not a journal.")
         changed = differences(lines[0], wanted, skip=UNCOMPARED)
         if changed:
             raise ManifestMismatch(
-                f"{path} holds the records of a different run ({'; '.join(changed)}). "
-                "Resuming would mix the two: write to a new output path, or pass "
-                "--overwrite (overwrite=True) to discard the old records and start again."
+                f"{path} holds the records of a different run ({'; '.join(changed)}). {fix}"
             )
         old, new = lines[0].get("code_version"), wanted.get("code_version")
         batches = [ln for ln in lines[1:] if ln.get("kind") == "batch"]
