@@ -153,7 +153,10 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
     if not known:
         return unmeasured
     fallback = statistics.median(known)
-    rate = {m: rates[m] if rates[m] is not None else fallback for m in methods}
+    rate: dict[str, float] = {}
+    for m in methods:
+        measured_rate = rates[m]
+        rate[m] = fallback if measured_rate is None else measured_rate
     for bundle in shared_pass_bundles(methods):
         pass_rate = sum(rate[m] for m in bundle)  # the pass is booked under one member
         for m in bundle:
