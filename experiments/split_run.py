@@ -31,6 +31,11 @@ processes) is split by method. This does what the manual recipe of ``merge_journ
    (table, records) in ``--out``. Otherwise the exit status is the first non-zero one (a
    process killed by signal ``s``: ``128 + s``), and rerunning the same line continues.
 
+A ``--so-far`` command (tables from the journal while the run goes on) computes nothing, so it
+runs as given, as one process: a run's recorded split line with ``--resume`` replaced by
+``--so-far`` gives its so-far tables. They read the main journal only, so the units of a split
+still running count once it has stopped and merged.
+
 Under :mod:`experiments.checkpoint_run` the split journals sit in the run's folder and are
 committed with it, so a machine lost mid-run loses at most each process's unit in flight.
 
@@ -298,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2, help="processes side by side")
     opts = parser.parse_args(args[:cut])
     command = args[cut + 1 :]
+    if "--so-far" in command:  # reads the journal and computes nothing: nothing to split
+        print("[split_run] --so-far: the command runs as one process", flush=True)
+        return subprocess.call(command)
     try:
         report = split_run(command, opts.processes)
     except ValueError as err:

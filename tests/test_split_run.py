@@ -233,3 +233,16 @@ def test_a_pooled_variant_left_alone_is_priced_at_the_whole_pass(tmp_path):
     book(ig, [2, 3], 8.0)
     costs, _ = split_run.remaining_costs([ig, l1], journal.path)
     assert costs[ig] == 0.0 and costs[l1] == pytest.approx(2 * (4.0 + 0.01))
+
+
+def test_a_so_far_command_runs_as_one_process(tmp_path, capsys):
+    """A run's recorded split line with ``--so-far`` in place of ``--resume`` (a table while the
+    run goes on) computes nothing: it runs once, as given, and leaves no split journal."""
+    journal, marker = tmp_path / "records.jsonl.gz", tmp_path / "ran.txt"
+    script = "import sys; open(sys.argv[1], 'a').write('ran\\n'); sys.exit(7)"
+    command = [sys.executable, "-c", script, str(marker), "--methods", METHODS,
+               "--journal", str(journal), "--so-far"]  # fmt: skip
+    assert split_run.main(["--processes", "2", "--", *command]) == 7
+    assert marker.read_text() == "ran\n"
+    assert "--so-far: the command runs as one process" in capsys.readouterr().out
+    assert _leftovers(journal) == []
