@@ -16,7 +16,10 @@ processes) is split by method. This does what the manual recipe of ``merge_journ
    Methods that share one pass in a process (a signed Integrated Gradients and its pooled
    variant, :mod:`experiments.pooling_share`) are dealt as one bundle: split apart, each
    process would integrate the same path. The journal books that pass under one of them, so a
-   member left to compute alone is priced at the bundle's summed rate.
+   member left to compute alone is priced at the bundle's summed rate. Methods that do not
+   apply to the command's ``--model`` (e.g. DecompX on a decoder; the architecture told without
+   loading it, :func:`lens_attrib.models.is_encoder_name`) are left out: the experiment skips
+   them.
    The plan is printed, with each group's estimated CPU hours.
 2. **Run.** Each group gets its own journal beside the main one,
    ``split-K-of-N.<journal name>``, started as a copy of the main journal (so its ``--resume``
@@ -183,6 +186,25 @@ def shared_pass_bundles(methods: Sequence[str]) -> list[list[str]]:
     return list(bundles.values())
 
 
+def architecture_skips(command: Sequence[str], methods: Sequence[str]) -> list[str]:
+    """The ``methods`` that the command's ``--model`` skips because they do not apply to its
+    architecture (:class:`lens_attrib.methods.registry.MethodSpec`'s ``encoder``/``decoder``),
+    where the architecture can be told without loading the model; none otherwise."""
+    from lens_attrib import METHODS
+    from lens_attrib.models import is_encoder_name
+
+    model = option_value(command, "--model")
+    encoder = None if model is None else is_encoder_name(model)
+    if encoder is None:
+        return []
+    skipped = []
+    for method in methods:
+        spec = METHODS.get(split_variant(method)[0])
+        if spec is not None and not (spec.encoder if encoder else spec.decoder):
+            skipped.append(method)
+    return skipped
+
+
 def plan_groups(costs: dict[str, float], processes: int) -> list[list[str]]:
     """Methods dealt into at most ``processes`` non-empty groups, largest cost first onto the
     group with the least cost so far (ties: the lower group); the methods of a
@@ -249,6 +271,11 @@ def split_run(command: Sequence[str], processes: int) -> SplitReport:
     if earlier:
         print(f"[split_run] {earlier} units of an earlier split merged into {journal}", flush=True)
     methods = split_method_list(methods_text)
+    skipped = architecture_skips(command, methods)
+    if skipped:
+        print(f"[split_run] not for this model's architecture (the run skips them): "
+              f"{', '.join(skipped)}", flush=True)  # fmt: skip
+        methods = [m for m in methods if m not in skipped]
     costs, measured = remaining_costs(methods, journal)
     finished = [m for m in methods if costs[m] == 0]
     if finished:

@@ -819,6 +819,26 @@ UNSUPPORTED_ENCODERS = {
 """Encoder families ``load_model`` refuses, with the reason (see the README)."""
 
 
+def is_encoder_name(name_or_path: str) -> bool | None:
+    """Whether :func:`load_model` gives an encoder for ``name_or_path``, told without loading
+    weights: the bundled names, or a local folder's ``config.json`` (:func:`encoder_kind`);
+    ``None`` when that cannot be told so (a hub name, a folder without a readable config)."""
+    key = name_or_path.lower()
+    if key in SMOLLM2_NAMES:
+        return False
+    if key in MINILM_NAMES:
+        return True
+    folder = Path(name_or_path)
+    if not (folder / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return encoder_kind(AutoConfig.from_pretrained(folder)) is not None
+    except (ModelError, OSError, ValueError):
+        return None
+
+
 def encoder_kind(hf_config: Any) -> str | None:
     """``"Model"``, ``"ForMaskedLM"`` or ``"ForSequenceClassification"`` for a supported BERT /
     RoBERTa folder, ``None`` for other model types; an encoder it cannot load is an error."""

@@ -36,7 +36,7 @@ FAKE = textwrap.dedent(
     Journal, read_lines = journal_module.Journal, journal_module.read_lines
 
     p = argparse.ArgumentParser()
-    for flag in ("--methods", "--journal", "--out", "--fail"):
+    for flag in ("--methods", "--journal", "--out", "--fail", "--model"):
         p.add_argument(flag)
     p.add_argument("--n", type=int, default=6)
     p.add_argument("--units", type=int, default=None)  # stop after this many computed units
@@ -246,3 +246,33 @@ def test_a_so_far_command_runs_as_one_process(tmp_path, capsys):
     assert marker.read_text() == "ran\n"
     assert "--so-far: the command runs as one process" in capsys.readouterr().out
     assert _leftovers(journal) == []
+
+
+def test_methods_that_do_not_apply_to_the_model_are_left_out_of_the_plan(tmp_path):
+    """The experiment skips DecompX and GlobEnc on a decoder and ALTI-Logit on an encoder; the
+    plan leaves them out instead of pricing them at the median. A model whose architecture is
+    not known without loading it (a hub name) skips nothing."""
+    from transformers import BertConfig, LlamaConfig
+
+    methods = ["alti_logit", "decompx", "globenc", "integrated_gradients[pooling=l1]", "random"]
+    skips = split_run.architecture_skips
+    assert skips(["run", "--model", "smollm2-135m"], methods) == ["decompx", "globenc"]
+    assert skips(["run", "--model=minilm-l6"], methods) == ["alti_logit"]
+    assert skips(["run", "--model", "someone/some-hub-model"], methods) == []
+    assert skips(["run"], methods) == []
+    BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=16).save_pretrained(tmp_path / "bert")  # fmt: skip
+    LlamaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=16).save_pretrained(tmp_path / "llama")  # fmt: skip
+    assert skips(["run", "--model", str(tmp_path / "bert")], methods) == ["alti_logit"]
+    assert skips(["run", "--model", str(tmp_path / "llama")], methods) == ["decompx", "globenc"]
+    assert skips(["run", "--model", str(tmp_path / "missing")], methods) == []
+
+
+def test_the_split_plan_prints_and_leaves_out_the_skipped_methods(tmp_path, capsys):
+    journal, out = tmp_path / "records.jsonl.gz", tmp_path / "out"
+    command = _command(tmp_path, journal, out)
+    command = split_run.with_option(command, "--methods", "slow,a,decompx,globenc")
+    report = split_run.split_run([*command, "--model", "smollm2-135m"], 2)
+    assert sorted(m for g in report.groups for m in g) == ["a", "slow"]
+    assert "(the run skips them): decompx, globenc" in capsys.readouterr().out
