@@ -13,6 +13,10 @@ processes) is split by method. This does what the manual recipe of ``merge_journ
    (:mod:`experiments.run_costs`, CPU units only) times the items it still lacks (the manifest's
    ``n`` per task / dataset, less those journaled on any device). A method not measured yet is
    priced at the median of those that are; without any measurement every method weighs 1.
+   Methods that share one pass in a process (a signed Integrated Gradients and its pooled
+   variant, :mod:`experiments.pooling_share`) are dealt as one bundle: split apart, each
+   process would integrate the same path. The journal books that pass under one of them, so a
+   member left to compute alone is priced at the bundle's summed rate.
    The plan is printed, with each group's estimated CPU hours.
 2. **Run.** Each group gets its own journal beside the main one,
    ``split-K-of-N.<journal name>``, started as a copy of the main journal (so its ``--resume``
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from experiments.pooling_share import sibling_group
 from lens_attrib.evaluation.journal import manifest_path, merge_journals, read_lines
 from lens_attrib.method_variants import split_method_list, split_variant
 
@@ -148,22 +153,46 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
     if not known:
         return unmeasured
     fallback = statistics.median(known)
-    return {m: left[m] * (rates[m] or fallback) for m in methods}, True
+    rate: dict[str, float] = {}
+    for m in methods:
+        measured_rate = rates[m]
+        rate[m] = fallback if measured_rate is None else measured_rate
+    for bundle in shared_pass_bundles(methods):
+        pass_rate = sum(rate[m] for m in bundle)  # the pass is booked under one member
+        for m in bundle:
+            if all(left[other] == 0 for other in bundle if other != m):
+                rate[m] = pass_rate  # its siblings are done: it integrates the path alone
+    return {m: left[m] * rate[m] for m in methods}, True
+
+
+def shared_pass_bundles(methods: Sequence[str]) -> list[list[str]]:
+    """``methods`` grouped by the pass they share in one process
+    (:func:`experiments.pooling_share.sibling_group`: a signed Integrated Gradients and its
+    pooled variants with otherwise equal options), in the command's order; a method that
+    shares no pass is a bundle of its own."""
+    bundles: dict[str, list[str]] = {}
+    for method in methods:
+        name, options = split_variant(method)
+        group = sibling_group(name, options)
+        bundles.setdefault(method if group is None else group, []).append(method)
+    return list(bundles.values())
 
 
 def plan_groups(costs: dict[str, float], processes: int) -> list[list[str]]:
     """Methods dealt into at most ``processes`` non-empty groups, largest cost first onto the
-    group with the least cost so far (ties: the lower group); each group keeps the command's
-    method order."""
+    group with the least cost so far (ties: the lower group); the methods of a
+    :func:`shared_pass_bundles` bundle go together, at their summed cost; each group keeps
+    the command's method order."""
     if processes < 1:
         raise ValueError(f"--processes must be at least 1, got {processes}")
     order = list(costs)
-    groups: list[list[str]] = [[] for _ in range(min(processes, len(order)))]
+    bundles = shared_pass_bundles(order)
+    groups: list[list[str]] = [[] for _ in range(min(processes, len(bundles)))]
     loads = [0.0] * len(groups)
-    for method in sorted(order, key=lambda m: -costs[m]):
+    for bundle in sorted(bundles, key=lambda b: -sum(costs[m] for m in b)):
         k = loads.index(min(loads))
-        groups[k].append(method)
-        loads[k] += costs[method]
+        groups[k] += bundle
+        loads[k] += sum(costs[m] for m in bundle)
     return [sorted(g, key=order.index) for g in groups if g]
 
 

@@ -197,3 +197,39 @@ def test_a_command_without_a_journal_is_refused(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "--resume" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_signed_ig_and_its_pooled_variant_go_to_one_process():
+    """The two share one pass in a process (``experiments.pooling_share``). Dealt one by one,
+    these costs would put them apart (IG 10 and the rest 9 + 2 + 1)."""
+    ig, l1 = "integrated_gradients", "integrated_gradients[pooling=l1]"
+    assert split_run.shared_pass_bundles([ig, "a", l1, "b"]) == [[ig, l1], ["a"], ["b"]]
+    assert split_run.plan_groups({ig: 10.0, "a": 9.0, l1: 2.0, "b": 1.0}, 2) == [
+        [ig, l1],
+        ["a", "b"],
+    ]
+    # another integration (fewer steps) is a pass of its own
+    other = "integrated_gradients[max_steps=64]"
+    assert split_run.shared_pass_bundles([ig, other, l1]) == [[ig, l1], [other]]
+    assert split_run.plan_groups({ig: 5.0, other: 5.0, l1: 5.0}, 2) == [[ig, l1], [other]]
+
+
+def test_a_pooled_variant_left_alone_is_priced_at_the_whole_pass(tmp_path):
+    """The journal books the shared pass under the unit computed first (here the signed IG at
+    8 CPU-s per 2 items, its pooled variant at 0.02): while both lack the same items their sum
+    is the pass; once the signed one is done, the variant integrates alone, at the sum."""
+    ig, l1 = "integrated_gradients", "integrated_gradients[pooling=l1]"
+    journal = Journal.open(tmp_path / "records.jsonl.gz", {"experiment": "fake", "n": 4})
+
+    def book(label: str, items: list[int], cpu: float) -> None:
+        journal.append(f"d:ids|{label}", items, [{"item": i} for i in items],
+                       batch_size=2, bucket=0,
+                       info={"cpu_s": cpu, "wall_s": cpu, "device": "cpu"})  # fmt: skip
+
+    book(ig, [0, 1], 8.0)
+    book(l1, [0, 1], 0.02)
+    costs, _ = split_run.remaining_costs([ig, l1], journal.path)
+    assert costs[ig] == pytest.approx(8.0) and costs[l1] == pytest.approx(0.02)
+    book(ig, [2, 3], 8.0)
+    costs, _ = split_run.remaining_costs([ig, l1], journal.path)
+    assert costs[ig] == 0.0 and costs[l1] == pytest.approx(2 * (4.0 + 0.01))
