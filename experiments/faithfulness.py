@@ -443,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
     methods, datasets = parse_list(args.methods), parse_list(args.datasets)
     spec = {m: METHODS[base_method(m)] for m in methods}
-    skipped = [m for m in methods if not (spec[m].encoder if encoder else spec[m].decoder)]
+    skipped = [m for m in methods if not spec[m].applies_to(encoder=encoder)]
     methods = [m for m in methods if m not in skipped]
     if skipped:
         print(f"skipped (do not apply to this architecture): {', '.join(skipped)}", flush=True)

@@ -188,7 +188,7 @@ def shared_pass_bundles(methods: Sequence[str]) -> list[list[str]]:
 
 def architecture_skips(command: Sequence[str], methods: Sequence[str]) -> list[str]:
     """The ``methods`` that the command's ``--model`` skips because they do not apply to its
-    architecture (:class:`lens_attrib.methods.registry.MethodSpec`'s ``encoder``/``decoder``),
+    architecture (:meth:`lens_attrib.methods.registry.MethodSpec.applies_to`),
     where the architecture can be told without loading the model; none otherwise."""
     from lens_attrib import METHODS
     from lens_attrib.models import is_encoder_name
@@ -200,7 +200,7 @@ def architecture_skips(command: Sequence[str], methods: Sequence[str]) -> list[s
     skipped = []
     for method in methods:
         spec = METHODS.get(split_variant(method)[0])
-        if spec is not None and not (spec.encoder if encoder else spec.decoder):
+        if spec is not None and not spec.applies_to(encoder=encoder):
             skipped.append(method)
     return skipped
 

@@ -162,6 +162,11 @@ class MethodSpec:
     ) -> Attribution:
         return run_method(self, model, inputs, target, attention_mask=attention_mask, **options)
 
+    def applies_to(self, *, encoder: bool) -> bool:
+        """Whether it runs on an encoder (``encoder=True``) or a decoder; the finer limits of
+        particular architectures are :func:`lens_attrib.backend.architecture_limit`'s."""
+        return self.encoder if encoder else self.decoder
+
     def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults filled in; unknown names and disallowed values raise :class:`OptionError`."""
         unknown = [k for k in given if k not in self.options]
