@@ -153,6 +153,8 @@ COLUMNS = {
     "r drop ↑": "pearson_drop",
     "Del AUC ↓": "deletion_auc",
     "Ins AUC ↑": "insertion_auc",
+    "Del flip ↑": "deletion_flip_auc",
+    "Ins flip ↓": "insertion_flip_auc",
     "πNC ↑": "pi_soft_nc",
     "πNS ↑": "pi_soft_ns",
     "πNC fix ↑": "pi_soft_nc_fixed",
@@ -200,8 +202,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         default="aopc,curves,soft",
         help="which metric groups every unit computes (default all): aopc (AOPC "
         "comprehensiveness / sufficiency over --fractions, accuracy under perturbation, the "
-        "Pearson drop: the NormXLogit paper's tables), curves (insertion / deletion AUC in "
-        "--steps), soft (Soft-NC/NS and π-Soft-NC/NS, dynamic and fixed routing: the π-Soft "
+        "Pearson drop: the NormXLogit paper's tables), curves (insertion / deletion in --steps: "
+        "AUCs of p(ŷ), first flips, and the flip-probability AUCs of the π-Soft paper's Tables "
+        "4-5), soft (Soft-NC/NS and π-Soft-NC/NS, dynamic and fixed routing: the π-Soft "
         "paper's tables); e.g. an AOPC-table run takes aopc alone, a π-Soft-table run soft,curves",
     )
     add_methods_argument(parser, DEFAULT_METHODS, variants=True)
@@ -344,7 +347,8 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
             if "aopc" in groups:
                 names.append("accuracy_perturbation")
             if not args.no_curves and "curves" in groups:
-                names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip"]
+                names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip",
+                          "deletion_flip_auc", "insertion_flip_auc"]  # fmt: skip
         if "soft" in groups:
             for suffix in ("",) if args.no_fixed else ("", "_fixed"):
                 names += [m + suffix for m in SOFT_BASE]

@@ -230,14 +230,16 @@ def test_faithfulness_classifiers(tmp_path, minilm, monkeypatch):
     assert payload["config"]["skipped_methods"] == ["alti_logit"]  # decoder only
     metrics = {(r["dataset"], r["metric"]) for r in payload["summary"]}
     assert {
-        ("sst2", m) for m in ("accuracy_perturbation", "deletion_auc", "pi_soft_ns_fixed")
+        ("sst2", m)
+        for m in ("accuracy_perturbation", "deletion_auc", "deletion_flip_auc", "pi_soft_ns_fixed")
     } <= metrics
     assert {("stsb", "comprehensiveness"), ("stsb", "pearson_drop")} <= metrics
     assert not any(d == "stsb" and m.startswith(("soft", "pi_soft")) for d, m in metrics)
     assert _in_unit(payload["accuracy"]["sst2"])
     assert -1.0 <= payload["accuracy"]["stsb"] <= 1.0
     for r in payload["summary"]:
-        if r["metric"] in ("accuracy_perturbation", "deletion_auc", "insertion_auc"):
+        if r["metric"] in ("accuracy_perturbation", "deletion_auc", "insertion_auc",
+                           "deletion_flip_auc", "insertion_flip_auc"):  # fmt: skip
             assert _in_unit(r["mean"])
         if r["metric"] == "pearson_drop":
             assert r["ci_low"] <= r["mean"] <= r["ci_high"]

@@ -27,9 +27,14 @@ PIS = (0.2, 0.5, 0.8)
 DRAWS = 3
 PROMPTS = ["the cat sat", "a dog ran over the big hill today", "big red cat sat on a mat"]
 METHODS = ("grad_x_input", "gradient", "attention", "random")
-NAMES = ["comprehensiveness", "sufficiency", "deletion_auc", "insertion_auc"] + [
-    m + s for s in ("", "_fixed") for m in SOFT_BASE
-]
+NAMES = [
+    "comprehensiveness",
+    "sufficiency",
+    "deletion_auc",
+    "insertion_auc",
+    "deletion_flip_auc",
+    "insertion_flip_auc",
+] + [m + s for s in ("", "_fixed") for m in SOFT_BASE]
 OPTIONS = ScoreOptions(
     max_batch=7,
     aopc={"fractions": (0.1, 0.3, 0.5, 0.9), "label": "target"},

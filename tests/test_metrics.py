@@ -140,7 +140,8 @@ def test_score_errors_name_the_fix(model, attr):
     assert (
         MetricRecord(0, "pi_soft_nc_fixed_curve", 1.0, point=0.25).name == "pi_soft_nc_fixed@0.25"
     )
-    assert {"pointing_game", "soft_nc_fixed", "output_full", "deletion_flip"} <= set(METRICS)
+    assert {"pointing_game", "soft_nc_fixed", "output_full", "deletion_flip",
+            "deletion_flip_auc", "insertion_flip_auc"} <= set(METRICS)  # fmt: skip
 
 
 def test_correctness_rules(model, items):

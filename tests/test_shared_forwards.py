@@ -247,7 +247,15 @@ def test_aopc_and_curves_equal_one_padded_plan(
     close(res.deletion, val[..., 0])
     close(res.insertion, val[..., 1])
     flips = pred.reshape(len(attr), steps + 1, 2)
-    assert torch.equal(res.deletion_flipped, flips[..., 0] != flips[:, :1, 0])
+    full = flips[:, :1, 0]
+    assert torch.equal(res.deletion_flipped, flips[..., 0] != full)
+    assert torch.equal(res.insertion_flipped, flips[..., 1] == full)
+    # flip-probability AUCs: the trapezoid of the "prediction differs" indicator, by hand
+    for b in range(len(attr)):
+        for curve, got in ((0, res.deletion_flip_auc[b]), (1, res.insertion_flip_auc[b])):
+            ind = [float(flips[b, k, curve] != full[b, 0]) for k in range(steps + 1)]
+            want = sum((ind[k] + ind[k + 1]) / 2 * (fr[k + 1] - fr[k]) for k in range(steps))
+            assert abs(float(got) - want) <= 1e-12
 
 
 # --------------------------------------------------------------------------- forward counts

@@ -26,7 +26,8 @@ Families (see each metric module for the formulas):
   ``point`` = the fraction) and, for regression heads, ``output_full`` and
   ``output_without_top_curve`` (the head's output before / after deleting the top tokens);
 - ``curves`` (:func:`~lens_attrib.evaluation.faithfulness.insertion_deletion`):
-  ``deletion_auc, insertion_auc, deletion_flip, insertion_flip``;
+  ``deletion_auc, insertion_auc, deletion_flip, insertion_flip, deletion_flip_auc,
+  insertion_flip_auc``;
 - ``soft`` / ``soft_fixed`` (:func:`~lens_attrib.evaluation.soft.soft_metrics`, dynamic / fixed
   routing): ``soft_nc, soft_ns, pi_soft_nc, pi_soft_ns, expected_retained_ns,
   expected_retained_nc`` and the curve points ``pi_soft_nc_curve, pi_soft_ns_curve`` (one
@@ -292,6 +293,8 @@ for _name, _key in (
     ("insertion_auc", None),
     ("deletion_flip", "deletion_flip_fraction"),
     ("insertion_flip", "insertion_flip_fraction"),
+    ("deletion_flip_auc", None),
+    ("insertion_flip_auc", None),
 ):
     register_metric(_name, "curves", _key)
 SOFT_BASE = (
