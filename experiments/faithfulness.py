@@ -347,8 +347,9 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
             if "aopc" in groups:
                 names.append("accuracy_perturbation")
             if not args.no_curves and "curves" in groups:
-                names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip",
-                          "deletion_flip_auc", "insertion_flip_auc"]  # fmt: skip
+                names += ["deletion_auc", "insertion_auc", "deletion_flip", "insertion_flip"]
+                if getattr(args, "flip_aucs", True):
+                    names += list(FLIP_AUCS)
         if "soft" in groups:
             for suffix in ("",) if args.no_fixed else ("", "_fixed"):
                 names += [m + suffix for m in SOFT_BASE]
@@ -364,6 +365,22 @@ def protocol(args: Any, pis: list[float], *, zero_shot: bool, regression: bool) 
 
 
 METRIC_GROUPS = ("aopc", "curves", "soft")
+FLIP_AUCS = ("deletion_flip_auc", "insertion_flip_auc")
+"""The flip-probability AUCs of insertion/deletion, recorded since 2026-11-27."""
+
+
+def journal_has_flip_aucs(units: Units) -> bool:
+    """Whether the run records :data:`FLIP_AUCS`: yes for a new journal; a journal whose
+    insertion/deletion units were written before they existed keeps the metrics it has, so that
+    every unit of one journal holds the same ones and no table column averages a subset of the
+    items (the flip AUCs of such a run come from a ``--metric-groups curves`` run beside it)."""
+    if units.journal is None:
+        return True
+    for line in units.journal.batches:
+        names = {r.get("metric") for r in line["records"]}
+        if "deletion_auc" in names:
+            return FLIP_AUCS[0] in names
+    return True
 
 
 def metric_groups(args: Any) -> list[str]:
@@ -464,6 +481,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         device=device_label(args.device),
         so_far=args.so_far,
     )
+    args.flip_aucs = journal_has_flip_aucs(units)
+    if not args.flip_aucs:
+        print(
+            f"{units.path}: its insertion/deletion units were written before the "
+            f"flip-probability AUCs ({', '.join(FLIP_AUCS)}) existed; they are left out of the "
+            "units computed now too, so that every unit holds the same metrics (a run with "
+            "--metric-groups curves and a new journal records them)",
+            flush=True,
+        )
     result = run(model, args, datasets, methods, pis, units)
     records, accuracy, figs, examples = (
         result.records,

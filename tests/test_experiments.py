@@ -293,6 +293,50 @@ def test_faithfulness_resumes_with_curves_and_pearson_drop(tmp_path, minilm, mon
     assert {"output_full", "output_without_top@0.3", "comprehensiveness@0.6"} <= points
 
 
+def test_faithfulness_resume_keeps_the_journals_metric_set(tmp_path, minilm, monkeypatch, capsys):
+    """A new journal records the flip-probability AUCs; a journal whose insertion/deletion units
+    lack them (written before they existed) is resumed without them, so that a new method's
+    units hold the same metrics as the old ones, and the run says so."""
+    from experiments import faithfulness
+    from lens_attrib import classifiers
+
+    load = partial(classifiers.load_classifier, cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(faithfulness, "load_classifier", load)
+    common._MODELS[("minilm-l6", "cpu")] = minilm
+    journal = tmp_path / "out" / "faithfulness.records.jsonl"
+    args = ["--model", "minilm-l6", "--datasets", "sst2", "--n", "3", "--train-n", "24",
+            "--dev-n", "8", "--metric-groups", "curves", "--steps", "4", "--batch-size", "3",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+
+    def unit_metrics() -> dict[str, set[str]]:
+        lines = [json.loads(ln) for ln in journal.read_text().splitlines()]
+        return {ln["method"].split("|")[1]: {r["metric"] for r in ln["records"]}
+                for ln in lines if ln.get("kind") == "batch"}  # fmt: skip
+
+    try:
+        faithfulness.main([*args, "--methods", "random"])
+        assert set(faithfulness.FLIP_AUCS) <= unit_metrics()["random"]
+        lines = journal.read_text().splitlines(keepends=True)
+        old = []
+        for ln in lines:  # the journal as written before the flip AUCs existed
+            row = json.loads(ln)
+            if row.get("kind") == "batch":
+                row["records"] = [r for r in row["records"]
+                                  if r["metric"] not in faithfulness.FLIP_AUCS]  # fmt: skip
+            old.append(json.dumps(row) + "\n")
+        journal.write_text("".join(old))
+        capsys.readouterr()
+        again = faithfulness.main([*args, "--methods", "random,embed_norm", "--resume"])
+    finally:
+        common._MODELS.pop(("minilm-l6", "cpu"), None)
+    metrics = unit_metrics()
+    assert metrics["embed_norm"] == metrics["random"]
+    assert "deletion_auc" in metrics["embed_norm"]
+    assert not set(faithfulness.FLIP_AUCS) & metrics["embed_norm"]
+    assert not any(r["metric"] in faithfulness.FLIP_AUCS for r in again["summary"])
+    assert "written before the flip-probability AUCs" in capsys.readouterr().out
+
+
 def _without_timings(meta: object) -> object:
     """``meta`` with every ``*_seconds`` entry left out, at any depth."""
     if isinstance(meta, dict):
