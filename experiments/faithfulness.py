@@ -105,6 +105,7 @@ from experiments.method_settings import (
     setting_notes,
     unit_suffix,
 )
+from experiments.pi_reach import item_curves, reach_table
 from experiments.pooling_share import PoolingShare
 from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
@@ -1014,6 +1015,7 @@ def render(
             f"[{dataset}] {what} {accuracy.get(dataset, float('nan')):.3f}{partial}",
             format_table(rows, ["method", *cols]),
             *median_lines(records, dataset, methods),
+            *reach_lines(records, dataset, methods),
             *([depths[dataset].note()] if dataset in depths else []),
             *gap_lines(records, {"dataset": dataset}, None, args.ig_max_steps),
         ]
@@ -1057,6 +1059,37 @@ def median_lines(
         "there the ratio is large, and a few items can set a mean in the table above. Largest "
         f"item value: {col} {shown} ({method}, item {item}{bound}).",
         format_table(rows, ["method", *cols]),
+    ]
+
+
+REACH_SHOWN = (0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def reach_lines(
+    records: Sequence[dict[str, Any]], dataset: str, methods: Sequence[str]
+) -> list[str]:
+    """Per method, the share of items whose keep scores reach the upper π of the grid
+    (:mod:`experiments.pi_reach`, read from the ``pi_soft_ns@π`` / ``pi_soft_nc@π`` curves).
+
+    The keep scores clip negative relevance to 0, so a signed method cannot reach a π above its
+    share of positive tokens; there its curve is one boundary mask's, and the π-Soft AUCs above
+    hold that. Printed only when some method misses some of these π on some item; empty without
+    π-Soft curves."""
+    grid, _ = item_curves(records, "pi_soft_ns", {"dataset": dataset})
+    shown = [p for p in REACH_SHOWN if any(abs(p - q) < 1e-12 for q in grid)]
+    shown = shown or [p for p in grid if p >= 0.5]
+    if not shown:
+        return []
+    rows = {r["method"]: r for r in reach_table(records, shown, {"dataset": dataset})}
+    cells = {m: [rows[m][f"reach@{p:g}"] for p in shown] for m in methods if m in rows}
+    if all(v >= 1.0 for got in cells.values() for v in got):
+        return []
+    table = [[m, *[f"{100 * v:.0f} %" for v in got]] for m, got in cells.items()]
+    return [
+        "Share of items whose keep scores reach π (s = max(r, 0)/max: a signed method cannot "
+        "reach a π above its share of positive tokens, and its curve is then one boundary "
+        "mask's; python -m experiments.pi_reach on the journal):",
+        format_table(table, ["method", *[f"π={p:g}" for p in shown]]),
     ]
 
 

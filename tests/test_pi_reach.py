@@ -109,3 +109,26 @@ def test_a_pi_off_the_grid_or_a_journal_without_curves_is_refused(llama, tmp_pat
                    batch_size=1, bucket=0)  # fmt: skip
     with pytest.raises(ValueError, match="no pi_soft_ns@π"):
         pi_reach.reach_table(pi_reach.labelled_records(other))
+
+
+def test_the_faithfulness_table_states_the_reach_only_when_some_pi_is_missed() -> None:
+    from experiments.faithfulness import reach_lines
+
+    grid = (0.2, 0.4, 0.6, 0.8)
+    curves = {"signed": [0.1, 0.3, 0.5, 0.5], "unsigned": [0.1, 0.3, 0.45, 0.7]}
+
+    def records(which: dict[str, list[float]]) -> list[dict]:
+        return [
+            {"dataset": "d", "item": i, "method": m, "metric": f"{fam}@{p:g}", "value": v + i}
+            for m, curve in which.items()
+            for i in range(2)
+            for fam in ("pi_soft_ns", "pi_soft_nc")
+            for p, v in zip(grid, curve)
+        ]  # fmt: skip
+
+    lines = reach_lines(records(curves), "d", ["signed", "unsigned"])
+    assert "π=0.6" in lines[1] and "π=0.4" not in lines[1]  # the upper half of the grid
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[1].splitlines()[2:]}
+    assert rows == {"signed": ["0", "%", "0", "%"], "unsigned": ["100", "%", "100", "%"]}
+    assert reach_lines(records({"unsigned": curves["unsigned"]}), "d", ["unsigned"]) == []
+    assert reach_lines(records(curves), "other", ["signed"]) == []
