@@ -50,7 +50,6 @@ once first (``load_classifier(name)``, or a plain run of the command until its f
 from __future__ import annotations
 
 import argparse
-import shutil
 import signal
 import statistics
 import subprocess
@@ -61,7 +60,13 @@ from pathlib import Path
 from types import FrameType
 
 from experiments.pooling_share import sibling_group
-from lens_attrib.evaluation.journal import manifest_path, merge_journals, read_lines
+from lens_attrib.evaluation.journal import (
+    copy_journal,
+    manifest_path,
+    merge_journals,
+    read_lines,
+    remove_journal,
+)
 from lens_attrib.method_variants import split_method_list, split_variant
 
 SPLIT_PREFIX = "split-"
@@ -240,11 +245,11 @@ def merge_into(journal: Path, parts: Sequence[Path]) -> int:
         return 0
     copied = 0
     if not journal.exists():
-        shutil.copyfile(parts[0], journal)
+        copy_journal(parts[0], journal)
         copied = sum(line.get("kind") == "batch" for line in read_lines(journal, repair=True))
     report = merge_journals(journal, parts)
     for part in parts:
-        part.unlink()
+        remove_journal(part)
         manifest_path(part).unlink(missing_ok=True)  # the readable copy a compressed one keeps
     return copied + report.added
 
@@ -286,7 +291,7 @@ def split_run(command: Sequence[str], processes: int) -> SplitReport:
     commands = []
     for k, (group, part) in enumerate(zip(groups, parts)):
         if journal.exists():
-            shutil.copyfile(journal, part)
+            copy_journal(journal, part)
         sub = with_option(command, "--methods", ",".join(group))
         sub = with_option(sub, "--journal", str(part))
         if out is not None:

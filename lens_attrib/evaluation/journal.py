@@ -21,6 +21,15 @@ multi-member gzip stream (``gzip.open``/``zcat`` read it whole). A killed run le
 incomplete last member, which is dropped (and cut) like a torn line. Beside a compressed journal
 a readable copy of its manifest is kept (:func:`manifest_path`: ``manifest.json`` for
 ``records.jsonl.gz``), for people and diffs; the journal's first line stays the reference.
+
+*Segments*: a journal is kept in files of at most :data:`SEGMENT_BYTES` each, so that a long
+run's journal stays a set of small files that any git host or code index takes whole. An append
+that would take the last file past the limit starts the next one: ``records.jsonl.gz`` is
+continued by ``segment-2.records.jsonl.gz``, ``segment-3.records.jsonl.gz``, … beside it
+(:func:`segment_paths`); the journal's lines are those of its files in that order. Only the last
+file's last line can be torn. A single line larger than the limit gets a file of its own.
+:func:`copy_journal` and :func:`remove_journal` act on every file of a journal;
+:func:`compact_journal` rewrites a finished one as few, fully compressed, files.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import shutil
 import warnings
 import zlib
 from collections.abc import Mapping, Sequence
@@ -37,6 +48,10 @@ from typing import Any
 
 FORMAT = 1
 """Version of the journal layout (part of the manifest)."""
+
+SEGMENT_BYTES = 3 * 2**20
+"""Size limit of one journal file (module docstring, *Segments*): 3 MiB, under the 4 MiB above
+which public code indexes leave a file out."""
 
 UNCOMPARED = ("code_version",)
 """Manifest fields a resumed run may change (the code version; each batch records its own)."""
@@ -67,6 +82,58 @@ def manifest_path(path: str | Path) -> Path:
     path = Path(path)
     stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
     return path.with_name("manifest.json" if stem == "records" else f"{stem}.manifest.json")
+
+
+SEGMENT_PREFIX = "segment-"
+
+
+def segment_path(path: str | Path, k: int) -> Path:
+    """File ``k`` (1-based) of the journal ``path``: ``path`` itself for ``k = 1``, else
+    ``segment-<k>.<name>`` beside it."""
+    path = Path(path)
+    return path if k == 1 else path.with_name(f"{SEGMENT_PREFIX}{k}.{path.name}")
+
+
+def segment_paths(path: str | Path) -> list[Path]:
+    """The journal's files in order: ``path``, then its segments 2, 3, … that exist.
+
+    Raises :class:`JournalCorrupt` for a segment after a missing one (a file lost or renamed).
+    """
+    path = Path(path)
+    found = [path]
+    while (nxt := segment_path(path, len(found) + 1)).exists():
+        found.append(nxt)
+    stray = sorted(p.name for p in _existing_segments(path) if p not in found)
+    if stray:
+        raise JournalCorrupt(
+            f"{path}: segment file(s) {', '.join(stray)} follow a missing one (the journal's "
+            f"files are {path.name}, {segment_path(path, 2).name}, … without gaps). Put the "
+            "missing file back, or move the journal's files aside and rerun."
+        )
+    return found
+
+
+def _existing_segments(path: Path) -> list[Path]:
+    """Every ``segment-<k>.<name>`` file beside ``path`` (k ≥ 2), gaps or not."""
+    pattern = re.compile(rf"{re.escape(SEGMENT_PREFIX)}\d+\.{re.escape(path.name)}")
+    beside = path.parent.glob(f"{SEGMENT_PREFIX}*.{path.name}")
+    return [p for p in beside if pattern.fullmatch(p.name)]
+
+
+def remove_journal(path: str | Path) -> None:
+    """Delete the journal ``path`` and its segments (its manifest copy is left)."""
+    path = Path(path)
+    for file in [path, *_existing_segments(path)]:
+        file.unlink(missing_ok=True)
+
+
+def copy_journal(source: str | Path, target: str | Path) -> None:
+    """Copy every file of the journal ``source`` to the journal ``target`` (whose earlier
+    files, if any, are removed first)."""
+    files = segment_paths(source)
+    remove_journal(target)
+    for k, file in enumerate(files, start=1):
+        shutil.copyfile(file, segment_path(target, k))
 
 
 def differences(
@@ -201,10 +268,20 @@ class Journal:
 
 def _write(path: Path, lines: Sequence[Mapping[str, Any]], mode: str) -> None:
     """Write ``lines`` with one ``write``, flushed and fsynced (a compressed journal: as one
-    gzip member, appended to the stream)."""
+    gzip member, appended to the stream). ``mode="w"`` starts the journal afresh (its segments
+    removed); ``"a"`` appends to its last file, or starts the next segment when that file would
+    pass :data:`SEGMENT_BYTES`."""
     data = "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8")
     if is_compressed(path):
         data = gzip.compress(data, mtime=0)
+    if mode == "w":
+        remove_journal(path)
+    else:
+        files = segment_paths(path)
+        path = files[-1]
+        size = path.stat().st_size if path.exists() else 0
+        if size and size + len(data) > SEGMENT_BYTES:
+            path = segment_path(files[0], len(files) + 1)
     with path.open(mode + "b") as fh:
         fh.write(data)
         fh.flush()
@@ -255,16 +332,31 @@ def _gzip_units(path: Path, data: bytes) -> tuple[list[tuple[bytes, int]], bytes
 
 
 def read_lines(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
-    """The journal's valid lines; a torn last line (compressed: an incomplete or unreadable
-    last member) is dropped (``repair``: and cut from the file).
+    """The journal's valid lines, from all its files (module docstring, *Segments*); a torn
+    last line (compressed: an incomplete or unreadable last member) is dropped (``repair``: and
+    cut from the file).
 
-    Raises :class:`JournalCorrupt` for an invalid line that is not the last one.
+    Raises :class:`JournalCorrupt` for an invalid line that is not the journal's last one.
     """
-    path = Path(path)
+    files = segment_paths(path)
+    lines: list[dict[str, Any]] = []
+    for k, file in enumerate(files, start=1):
+        lines += _read_file(file, last=k == len(files), repair=repair)
+    return lines
+
+
+def _read_file(path: Path, *, last: bool, repair: bool) -> list[dict[str, Any]]:
+    """The valid lines of one file of a journal; only the ``last`` file may end torn."""
     data = path.read_bytes()
     compressed = is_compressed(path)
     units, torn_tail = _gzip_units(path, data) if compressed else _plain_units(data)
     what = "member" if compressed else "line"
+    later = "" if last else " (a later segment of the journal follows this file)"
+    if torn_tail and not last:
+        raise JournalCorrupt(
+            f"{path} ends in an incomplete {what}{later}; only the journal's last {what} can "
+            "be torn by a killed run. Move the journal's files aside and rerun."
+        )
     lines: list[dict[str, Any]] = []
     good_bytes = 0
     for number, (unit, end) in enumerate(units, start=1):
@@ -275,12 +367,12 @@ def read_lines(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]
             if compressed and not unit.endswith(b"\n"):
                 raise ValueError("no final newline")
         except ValueError as err:
-            if number == len(units) and not torn_tail:
+            if last and number == len(units) and not torn_tail:
                 torn_tail = unit  # an unparsable last line: torn as well
                 break
             raise JournalCorrupt(
-                f"{path}, {what} {number}, is not a valid record line ({err}); only the last "
-                f"{what} can be torn by a killed run. Move the file aside and rerun."
+                f"{path}, {what} {number}, is not a valid record line ({err}){later}; only "
+                f"the last {what} can be torn by a killed run. Move the file aside and rerun."
             ) from None
         lines += parsed
         good_bytes = end
@@ -289,7 +381,7 @@ def read_lines(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]
             f"{path}: dropped a torn last {what} ({len(torn_tail)} bytes, the batch in flight "
             "when the run stopped); it will be recomputed.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         if repair:
             with path.open("r+b") as fh:
@@ -367,18 +459,44 @@ def merge_journals(into: str | Path, sources: Sequence[str | Path]) -> MergeRepo
 
 
 def compact_journal(path: str | Path) -> int:
-    """Rewrite a finished compressed journal as one gzip member holding every line (a member per
-    line compresses ≈ 1.4× worse); it reads back line for line the same, and later appends add
-    members as before. Returns the new size in bytes. Run it when no process writes to it."""
+    """Rewrite a finished compressed journal with one gzip member per file (a member per line
+    compresses ≈ 1.4× worse), in as few files of at most :data:`SEGMENT_BYTES` as it takes; it
+    reads back line for line the same, and later appends add members as before. Returns the new
+    size in bytes, all files together. Run it when no process writes to it."""
     path = Path(path)
     if not is_compressed(path):
         raise ValueError(f"{path} is not a compressed journal (.gz): nothing to compact.")
-    lines = read_lines(path, repair=True)
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-    os.replace(tmp, path)
-    return path.stat().st_size
+    texts = [(json.dumps(line) + "\n").encode("utf-8") for line in read_lines(path, repair=True)]
+    blobs = _compressed_groups(texts)
+    files = [segment_path(path, k) for k in range(1, len(blobs) + 1)]
+    temporary = [file.with_name(file.name + ".tmp") for file in files]
+    for tmp, blob in zip(temporary, blobs):
+        tmp.write_bytes(blob)
+    for file in _existing_segments(path):
+        file.unlink()
+    for tmp, file in zip(temporary, files):
+        os.replace(tmp, file)
+    return sum(len(blob) for blob in blobs)
+
+
+def _compressed_groups(texts: Sequence[bytes]) -> list[bytes]:
+    """``texts`` (lines) in order, as the fewest gzip members of at most :data:`SEGMENT_BYTES`
+    found by filling each file up to a raw-size budget (shrunk until every file fits; a line
+    that alone compresses past the limit is a file of its own)."""
+    whole = gzip.compress(b"".join(texts), compresslevel=9, mtime=0)
+    if len(whole) <= SEGMENT_BYTES:
+        return [whole]
+    budget = 0.95 * sum(map(len, texts)) * SEGMENT_BYTES / len(whole)
+    while True:
+        groups: list[list[bytes]] = [[]]
+        for text in texts:
+            if groups[-1] and sum(map(len, groups[-1])) + len(text) > budget:
+                groups.append([])
+            groups[-1].append(text)
+        blobs = [gzip.compress(b"".join(g), compresslevel=9, mtime=0) for g in groups]
+        if all(len(b) <= SEGMENT_BYTES or len(g) == 1 for b, g in zip(blobs, groups)):
+            return blobs
+        budget *= 0.9
 
 
 def load_journal_records(path: str | Path) -> list[dict[str, Any]]:
@@ -388,11 +506,13 @@ def load_journal_records(path: str | Path) -> list[dict[str, Any]]:
 
 __all__ = [
     "FORMAT",
+    "SEGMENT_BYTES",
     "Journal",
     "JournalCorrupt",
     "ManifestMismatch",
     "MergeReport",
     "compact_journal",
+    "copy_journal",
     "differences",
     "is_compressed",
     "load_journal_records",
@@ -400,4 +520,7 @@ __all__ = [
     "merge_journals",
     "normalized",
     "read_lines",
+    "remove_journal",
+    "segment_path",
+    "segment_paths",
 ]
