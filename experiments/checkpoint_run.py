@@ -32,6 +32,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from lens_attrib.evaluation.journal import JournalCorrupt, read_lines
 from lens_attrib.evaluation.runs import RUNS, run_dir
@@ -39,14 +40,30 @@ from lens_attrib.evaluation.runs import RUNS, run_dir
 
 def count_records(directory: Path) -> int:
     """Records in the run directory's journals (0 when there is none yet)."""
-    total = 0
-    for path in sorted(directory.glob("records*.jsonl*")):
+    return sum(len(records) for _, records in _units(directory, "records*.jsonl*"))
+
+
+def count_split_records(directory: Path) -> int:
+    """Records that the split journals of a running :mod:`experiments.split_run` hold beyond
+    the run's journals (each split journal starts as a copy of the run's journal)."""
+    held = {key for key, _ in _units(directory, "records*.jsonl*")}
+    split = dict(_units(directory, "split-*-of-*.records*.jsonl*"))
+    return sum(len(records) for key, records in split.items() if key not in held)
+
+
+def _units(directory: Path, pattern: str) -> list[tuple[tuple[str, tuple[int, ...]], list[Any]]]:
+    """The finished batches of the journals matching ``pattern`` in ``directory``: each unit's
+    key (method and items) and records; a journal that cannot be read is skipped."""
+    units: list[tuple[tuple[str, tuple[int, ...]], list[Any]]] = []
+    for path in sorted(directory.glob(pattern)):
         try:
             lines = read_lines(path)
         except (JournalCorrupt, OSError):
             continue
-        total += sum(len(ln["records"]) for ln in lines[1:] if ln.get("kind") == "batch")
-    return total
+        for line in lines[1:]:
+            if line.get("kind") == "batch":
+                units.append(((line["method"], tuple(line["items"])), line["records"]))
+    return units
 
 
 def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -82,7 +99,10 @@ def commit(repo: Path, directory: Path, name: str) -> bool:
         raise RuntimeError(f"git add -- {rel} failed: {added.stderr.strip()}")
     if git(repo, "diff", "--cached", "--quiet", "--", rel).returncode == 0:
         return False
-    message = f"run {name}: {count_records(directory)} records"
+    split = count_split_records(directory)
+    message = f"run {name}: {count_records(directory)} records" + (
+        f" (+ {split} in split journals)" if split else ""
+    )
     done = git(repo, "commit", "--no-verify", "-q", "-m", message, "--", rel)
     if done.returncode != 0:
         raise RuntimeError(f"git commit of {rel} failed: {done.stderr.strip()}")

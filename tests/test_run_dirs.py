@@ -277,6 +277,33 @@ def test_checkpoint_run_commits_the_run_directory_only(tmp_path):
     assert _git(repo, "log", "-1", "--format=%s").strip() == "run fake2: 0 records"
 
 
+def test_checkpoint_message_counts_the_split_journals_new_records(tmp_path):
+    """While a split run goes on, its new units are in the split journals (copies of the run's
+    journal that grow): the commit message counts them apart, each once."""
+    repo = tmp_path / "repo"
+    directory = repo / "docs/results/runs/split"
+    directory.mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    main = Journal.open(directory / runs.JOURNAL, {"run": 1})
+    _batches(main)  # 3 units of 2 records
+    parts = [directory / f"split-{k}-of-2.{runs.JOURNAL}" for k in (1, 2)]
+    for k, part in enumerate(parts):
+        copy = Journal.open(part, {"run": 1})
+        for batch in main.batches:
+            copy.append("m", batch["items"], batch["records"], batch_size=2, bucket=0)
+        copy.append(
+            f"split{k}", [0, 1, 2][: k + 1], [{"item": 0}] * (k + 1), batch_size=2, bucket=0
+        )
+    assert checkpoint_run.count_records(directory) == 6
+    assert checkpoint_run.count_split_records(directory) == 1 + 2
+    assert checkpoint_run.commit(repo, directory, "split")
+    assert _git(repo, "log", "-1", "--format=%s").strip() == (
+        "run split: 6 records (+ 3 in split journals)"
+    )
+
+
 def test_agreement_table_from_its_committed_records(tmp_path):
     """The experiment journaled into a run directory: the regenerated summary equals the one
     the experiment computed (same groups, means, intervals, counts)."""
