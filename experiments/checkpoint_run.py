@@ -38,17 +38,15 @@ from lens_attrib.evaluation.journal import JournalCorrupt, read_lines
 from lens_attrib.evaluation.runs import RUNS, run_dir
 
 
-def count_records(directory: Path) -> int:
-    """Records in the run directory's journals (0 when there is none yet)."""
-    return sum(len(records) for _, records in _units(directory, "records*.jsonl*"))
-
-
-def count_split_records(directory: Path) -> int:
-    """Records that the split journals of a running :mod:`experiments.split_run` hold beyond
-    the run's journals (each split journal starts as a copy of the run's journal)."""
-    held = {key for key, _ in _units(directory, "records*.jsonl*")}
+def record_counts(directory: Path) -> tuple[int, int]:
+    """Records in the run directory's journals (0 when there is none yet), and the records that
+    the split journals of a running :mod:`experiments.split_run` hold beyond them (each split
+    journal starts as a copy of the run's journal), each unit counted once."""
+    run = _units(directory, "records*.jsonl*")
+    held = {key for key, _ in run}
     split = dict(_units(directory, "split-*-of-*.records*.jsonl*"))
-    return sum(len(records) for key, records in split.items() if key not in held)
+    new = sum(len(records) for key, records in split.items() if key not in held)
+    return sum(len(records) for _, records in run), new
 
 
 def _units(directory: Path, pattern: str) -> list[tuple[tuple[str, tuple[int, ...]], list[Any]]]:
@@ -99,8 +97,8 @@ def commit(repo: Path, directory: Path, name: str) -> bool:
         raise RuntimeError(f"git add -- {rel} failed: {added.stderr.strip()}")
     if git(repo, "diff", "--cached", "--quiet", "--", rel).returncode == 0:
         return False
-    split = count_split_records(directory)
-    message = f"run {name}: {count_records(directory)} records" + (
+    records, split = record_counts(directory)
+    message = f"run {name}: {records} records" + (
         f" (+ {split} in split journals)" if split else ""
     )
     done = git(repo, "commit", "--no-verify", "-q", "-m", message, "--", rel)

@@ -130,6 +130,12 @@ def test_a_missing_middle_file_is_an_error_and_overwrite_clears_every_file(
     files[2].write_bytes(saved)
     assert Journal.open(journal.path, {"run": 1}).finished("m") == set(range(20))
 
+    journal.path.rename(journal.path.with_name("aside.jsonl.gz"))  # the first file lost
+    with pytest.raises(JournalCorrupt, match="is missing but its segment file"):
+        Journal.open(journal.path, {"run": 1})
+    assert segment_paths(journal.path)[1:] == files[1:]  # nothing deleted
+    journal.path.with_name("aside.jsonl.gz").rename(journal.path)
+
     fresh = Journal.open(journal.path, {"run": 2}, overwrite=True)
     assert segment_paths(fresh.path) == [fresh.path]
     assert [ln["run"] for ln in read_lines(fresh.path)] == [2]

@@ -296,8 +296,7 @@ def test_checkpoint_message_counts_the_split_journals_new_records(tmp_path):
         copy.append(
             f"split{k}", [0, 1, 2][: k + 1], [{"item": 0}] * (k + 1), batch_size=2, bucket=0
         )
-    assert checkpoint_run.count_records(directory) == 6
-    assert checkpoint_run.count_split_records(directory) == 1 + 2
+    assert checkpoint_run.record_counts(directory) == (6, 1 + 2)
     assert checkpoint_run.commit(repo, directory, "split")
     assert _git(repo, "log", "-1", "--format=%s").strip() == (
         "run split: 6 records (+ 3 in split journals)"

@@ -174,6 +174,14 @@ class Journal:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         wanted = {"kind": "manifest", "format": FORMAT, **normalized(manifest)}
+        orphans = [] if overwrite or path.exists() else _existing_segments(path)
+        if orphans:
+            names = ", ".join(sorted(p.name for p in orphans))
+            raise JournalCorrupt(
+                f"{path} is missing but its segment file(s) {names} "
+                "are there: put the first file back, or pass --overwrite (overwrite=True) to "
+                "start the run again and delete them."
+            )
         lines = [] if overwrite or not path.exists() else read_lines(path, repair=True)
         if lines:
             journal = cls._of(path, lines, wanted)
@@ -472,10 +480,11 @@ def compact_journal(path: str | Path) -> int:
     temporary = [file.with_name(file.name + ".tmp") for file in files]
     for tmp, blob in zip(temporary, blobs):
         tmp.write_bytes(blob)
-    for file in _existing_segments(path):
-        file.unlink()
-    for tmp, file in zip(temporary, files):
+    for tmp, file in zip(temporary, files):  # every new file in place before any old one goes
         os.replace(tmp, file)
+    for file in _existing_segments(path):
+        if file not in files:
+            file.unlink()
     return sum(len(blob) for blob in blobs)
 
 
@@ -489,10 +498,13 @@ def _compressed_groups(texts: Sequence[bytes]) -> list[bytes]:
     budget = 0.95 * sum(map(len, texts)) * SEGMENT_BYTES / len(whole)
     while True:
         groups: list[list[bytes]] = [[]]
+        size = 0
         for text in texts:
-            if groups[-1] and sum(map(len, groups[-1])) + len(text) > budget:
+            if groups[-1] and size + len(text) > budget:
                 groups.append([])
+                size = 0
             groups[-1].append(text)
+            size += len(text)
         blobs = [gzip.compress(b"".join(g), compresslevel=9, mtime=0) for g in groups]
         if all(len(b) <= SEGMENT_BYTES or len(g) == 1 for b, g in zip(blobs, groups)):
             return blobs
