@@ -79,6 +79,7 @@ from typing import Any
 
 import torch
 
+from experiments.attribution_cache import AttributionCache
 from experiments.common import (
     base_parser,
     device_label,
@@ -111,6 +112,7 @@ from experiments.resume import Units, add_resume_arguments, fingerprint
 from lens_attrib import METHODS, Target, attribute
 from lens_attrib.backend import arch_of
 from lens_attrib.classifiers import Classifier, load_classifier, stsb_split
+from lens_attrib.classifiers.builtin import tensors_digest
 from lens_attrib.cli import add_methods_argument
 from lens_attrib.data import load_boolq, load_imdb, load_sst2
 from lens_attrib.evaluation import ForwardMemo, pearson_drop
@@ -247,6 +249,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
         metavar="N",
         help="classifier mode: draw Grad-ELLM's tuning split outside the items a run of N items "
         "reports too (N > --n), so that this run tunes on the larger run's split",
+    )
+    parser.add_argument(
+        "--attribution-cache",
+        default=None,
+        metavar="DIR",
+        help="keep every unit's Attribution in DIR and load it where another run (or a rerun) "
+        "makes the same call: same library code, weights, method, options, inputs and target "
+        "(experiments.attribution_cache; CPU runs; the numbers are unchanged)",
     )
     add_resume_arguments(parser, "faithfulness", "dataset × batch × method")
     add_method_setting_arguments(parser)
@@ -410,18 +420,26 @@ def unit_records(
     options: dict[str, Any] | None = None,
     share: PoolingShare | None = None,
     memo: ForwardMemo | None = None,
+    cache: tuple[AttributionCache, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on items ``start…`` (every metric and curve point, one
     record per item × metric, and for IG its completeness gaps); ``examples`` receives the
     first item's Attribution; ``options``: the method's (default :func:`method_options`);
     ``share``: the batch's :class:`~experiments.pooling_share.PoolingShare` (one IG pass for a
     signed and a pooled unit); ``memo``: the batch's
-    :class:`~lens_attrib.evaluation.ForwardMemo` (perturbed forwards shared by its units)."""
+    :class:`~lens_attrib.evaluation.ForwardMemo` (perturbed forwards shared by its units);
+    ``cache``: ``--attribution-cache`` and the target's identity there."""
     name, variant = split_variant(method)
     options = method_options(name, proto.seed, variant) if options is None else options
 
     def call(label: str, opts: dict[str, Any]) -> Any:
-        return attribute(model, inputs, target, method=base_method(label), **opts)
+        def explain() -> Any:
+            return attribute(model, inputs, target, method=base_method(label), **opts)
+
+        if cache is None:
+            return explain()
+        store, target_key = cache
+        return store.get(base_method(label), opts, inputs, target_key, explain, target.head)
 
     attr = call(method, options) if share is None else share.attribution(method, call)
     if examples is not None:
@@ -795,7 +813,13 @@ def run_classifiers(
             f"{dev:.3f} on its dev set",
             flush=True,
         )
-        clf_id = fingerprint([clf.info.name, clf.digest()])  # the weights, not the timings
+        digest = clf.digest()
+        clf_id = fingerprint([clf.info.name, digest])  # the weights, not the timings
+        cache = (
+            None
+            if args.attribution_cache is None
+            else (AttributionCache(args.attribution_cache, clf.model, digest), clf.info.name)
+        )
         items_id = fingerprint([inputs, gold])
         proto = protocol(args, pis, zero_shot=False, regression=regression)
         skipped = [m for m in methods if regression and base_method(m) in NO_REGRESSION]
@@ -832,7 +856,7 @@ def run_classifiers(
                 compute = functools.partial(
                     classifier_unit, clf.model, clf, dataset, inputs[sl], method, start, proto,
                     None if regression else gold_t[sl], gold, pred, keep, opts[method], share,
-                    memo,
+                    memo, cache,
                 )  # fmt: skip
                 records += units.get(keys[method], items, compute)
         if regression and scored:
@@ -848,6 +872,8 @@ def run_classifiers(
             figs += curve_figures(records, dataset, ds_methods)
         if units.so_far:
             so_far[dataset] = (len(scored), len(inputs))
+        if cache is not None:
+            print(f"{dataset}: {cache[0].describe()}", flush=True)
     return RunResult(records, accuracy, figs, examples, extra_rows, depths, so_far)
 
 
@@ -866,12 +892,13 @@ def classifier_unit(
     options: dict[str, Any] | None = None,
     share: PoolingShare | None = None,
     memo: ForwardMemo | None = None,
+    cache: tuple[AttributionCache, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of one unit: ``method`` on the classifier's items ``start…`` (every metric of
     ``proto`` and the curve points); ``examples`` receives the first item's Attribution."""
     return unit_records(
         model, dataset, inputs, clf.target(), method, start, proto, gold_batch, gold, pred,
-        examples, options, share, memo,
+        examples, options, share, memo, cache,
     )  # fmt: skip
 
 
@@ -892,6 +919,11 @@ def run_zero_shot(
     examples: list[Any] = []
     depths: dict[str, DepthChoice] = {}
     so_far: dict[str, tuple[int, int]] = {}
+    store = (
+        None
+        if args.attribution_cache is None
+        else AttributionCache(args.attribution_cache, model, tensors_digest([model.state_dict()]))
+    )
     for dataset in datasets:
         ids = label_ids(tok, dataset)
         items = load(dataset, args.n, args.seed)
@@ -928,6 +960,7 @@ def run_zero_shot(
             sl = slice(start, start + args.batch_size)
             items = list(range(start, start + len(prompts[sl])))
             target = Target(token=[ids[p] for p in pred[sl]])
+            cache = None if store is None else (store, f"token={[ids[p] for p in pred[sl]]}")
             keys = {m: f"{dataset}:{items_id}|{m}{unit_suffix(m, opts[m])}" for m in methods}
             if units.so_far and not units.finished(keys.values(), items):
                 continue
@@ -938,13 +971,15 @@ def run_zero_shot(
                 keep = examples if start == 0 and dataset == datasets[0] else None
                 compute = functools.partial(
                     unit_records, model, dataset, prompts[sl], target, method, start, proto,
-                    None, gold, pred, keep, opts[method], share, memo,
+                    None, gold, pred, keep, opts[method], share, memo, cache,
                 )  # fmt: skip
                 records += units.get(keys[method], items, compute)
         if scored:
             figs += curve_figures(records, dataset, methods)
         if units.so_far:
             so_far[dataset] = (len(scored), len(prompts))
+    if store is not None:
+        print(store.describe(), flush=True)
     return RunResult(records, accuracy, figs, examples, [], depths, so_far)
 
 

@@ -216,6 +216,17 @@ class Attribution:
         denom = masked.amax(-1, keepdim=True).clamp_min(torch.finfo(self.scores.dtype).tiny)
         return replace(self, scores=self.scores / denom)
 
+    def with_head(self, head: Any) -> Attribution:
+        """This Attribution with ``head`` as its Target's head (a shallow copy: tensors shared).
+
+        A loaded Attribution whose Target had a head (``Target(head=...)``, e.g. a built-in
+        classifier's) keeps only that it had one (a :class:`~lens_attrib.target.DetachedHead`,
+        which refuses to be read): the metrics, pruning and verification read the head, so give
+        it back first, ``Attribution.load(path).with_head(clf.head)``. ``None``: the model's own
+        output.
+        """
+        return replace(self, target=replace(self.target, head=head))
+
     def cpu(self) -> Attribution:
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.detach().cpu()

@@ -20,9 +20,14 @@ nothing is ever pickled, so loading a file cannot run code.
 
 The round trip is exact: every tensor comes back bit-identical with its dtype and shape (on the
 CPU), strings, ints, floats, bools, lists, tuples and dicts compare equal. ``Target(head=...)``'s
-callable is never part of an Attribution (it keeps the *resolved* target: positions, token/class
-ids, foil ids, regression flag, and the class labels in ``meta["target_tokens"]``), so a loaded
-Attribution is complete without the head or the model.
+callable is never part of an Attribution file (it keeps the *resolved* target: positions,
+token/class ids, foil ids, regression flag, and the class labels in ``meta["target_tokens"]``),
+so a loaded Attribution is complete without the head or the model for reading its scores. The
+file does record that there was a head (``"head": "detached"`` beside the target's fields): the
+loaded target then holds a :class:`~lens_attrib.target.DetachedHead`, which refuses to be read
+(a metric on the model's own output would score another quantity) until
+``attr.with_head(head)`` gives it back. A Target without a head loads with ``head=None``, as do
+files written before this field existed.
 
 A collection (a sweep's outputs) is a list or a dict of Attributions (dict keys: strings) in one
 file, read back as the same container type with the same order and keys.
@@ -122,9 +127,10 @@ class _Encoder:
             fields = {
                 f.name: self.encode(getattr(value, f.name), f"{path}/{f.name}")
                 for f in dataclasses.fields(value)
-                if f.name != "head"  # a module, not data: a loaded target has head=None
+                if f.name != "head"  # a module, not data: only that there was one is kept
             }
-            return {"$dataclass": "ResolvedTarget", "fields": fields}
+            tagged = {"$dataclass": "ResolvedTarget", "fields": fields}
+            return tagged | ({"head": "detached"} if value.head is not None else {})
         raise AttributionFileError(
             f"{path}: a {type(value).__module__}.{type(value).__qualname__} cannot be saved "
             "(lens_attrib never pickles). Store tensors, numpy arrays, numbers, strings, lists, "
@@ -149,9 +155,11 @@ def _decode(value: Any, tensors: Mapping[str, Tensor]) -> Any:
         if "$dict" in value:
             return {_decode(k, tensors): _decode(v, tensors) for k, v in value["$dict"]}
         if value.get("$dataclass") == "ResolvedTarget":
-            from lens_attrib.target import ResolvedTarget
+            from lens_attrib.target import DetachedHead, ResolvedTarget
 
-            return ResolvedTarget(**{k: _decode(v, tensors) for k, v in value["fields"].items()})
+            fields = {k: _decode(v, tensors) for k, v in value["fields"].items()}
+            head = DetachedHead() if value.get("head") == "detached" else None
+            return ResolvedTarget(**fields, head=head)
         raise AttributionFileError(f"Unknown tagged value {sorted(value)} in the file.")
     return {k: _decode(v, tensors) for k, v in value.items()}
 

@@ -231,6 +231,33 @@ class Target:
         return resolved.select(head_out), resolved, head_out
 
 
+DETACHED_HEAD_MESSAGE = (
+    "This Attribution was explained through Target(head=...) and then loaded from a file; a "
+    "head is a module, not data, so the file does not hold it, and reading the model's own "
+    "output instead would score another quantity. Give the head back before scoring, pruning "
+    "or verifying: attr = attr.with_head(head) (for a built-in classifier: clf.head)."
+)
+
+
+class DetachedHead:
+    """Stands for the head of a loaded Attribution whose Target had one (``Target(head=...)``):
+    the file keeps that there was a head but not the head. Calling it raises
+    :class:`~lens_attrib.errors.TargetError` naming the fix,
+    :meth:`Attribution.with_head <lens_attrib.attribution.Attribution.with_head>`."""
+
+    def __call__(self, rows: Tensor) -> Tensor:
+        raise TargetError(DETACHED_HEAD_MESSAGE)
+
+    def __repr__(self) -> str:
+        return "DetachedHead()"
+
+
+def check_head_attached(head: Any) -> None:
+    """Raise :class:`~lens_attrib.errors.TargetError` if ``head`` is a :class:`DetachedHead`."""
+    if isinstance(head, DetachedHead):
+        raise TargetError(DETACHED_HEAD_MESSAGE)
+
+
 @dataclass(frozen=True)
 class ResolvedTarget:
     """A target with concrete positions and ids for one batch."""
@@ -242,7 +269,9 @@ class ResolvedTarget:
     head: Head | None = field(default=None, compare=False, repr=False)
     """The Target's head (``None``: the model's own), so that whatever consumes the result
     (faithfulness metrics, pruning) reads the same head without being told again. Not saved
-    with an Attribution (a module is not data): a loaded one has ``None`` here."""
+    with an Attribution (a module is not data): a loaded one has a :class:`DetachedHead`
+    here when the Target had a head (give it back with ``Attribution.with_head``), ``None``
+    when it had none."""
 
     def select(self, head_out: Float[Tensor, "batch n_out"]) -> Float[Tensor, "batch"]:
         """The explained scalar of every item: ``head_out[y] − head_out[y']``."""

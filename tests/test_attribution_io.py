@@ -23,6 +23,8 @@ from lens_attrib import (
     save_attributions,
 )
 from lens_attrib.attribution_io import FORMAT_VERSION, HEADER_KEY, AttributionFileError
+from lens_attrib.errors import TargetError
+from lens_attrib.target import DetachedHead
 from lens_attrib.tiny_models import tiny_bert, tiny_llama
 
 PROMPTS = ["the cat sat on the mat", "a dog ran"]
@@ -123,7 +125,37 @@ def test_class_head_round_trips_with_its_resolved_target(name, tmp_path):
     # the head callable is not part of an Attribution: the resolved class ids and labels are
     assert loaded.target.token_ids.tolist() == [2, 0]
     assert loaded.meta["target_tokens"] == ["pos", "neg"]
-    assert attr.target.head is head and loaded.target.head is None
+    assert attr.target.head is head and isinstance(loaded.target.head, DetachedHead)
+    assert loaded.with_head(head).target.head is head
+
+
+def test_a_loaded_attribution_is_scored_only_with_its_head_given_back(tmp_path):
+    """The file cannot hold a head; a metric on the model's own output would score another
+    quantity, so the loaded target refuses to be read until ``with_head`` (float64: the scores
+    with the head given back equal the original's)."""
+    from lens_attrib.evaluation import score
+
+    model = _model("decoder", torch.float64)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(model.cfg.d_model, 2, dtype=torch.float64)
+    target = Target(head=head, labels=["neg", "pos"], token=[1, 0])
+    attr = attribute(model, PROMPTS, target, method="grad_x_input")
+    loaded = _roundtrip(attr, tmp_path)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = ["comprehensiveness", "soft_nc"]
+    with pytest.raises(TargetError, match=r"with_head\(head\)"):
+        score(model, loaded, metrics)
+    with pytest.raises(TargetError, match=r"clf\.head"):
+        loaded.target.head(torch.zeros(1, model.cfg.d_model, dtype=torch.float64))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert not any(hp.fwd_hooks or hp.bwd_hooks for hp in model.hook_dict.values())
+
+    def values(a: Attribution) -> list[tuple]:
+        return [(r.metric, r.item, r.point, r.value) for r in score(model, a, metrics)]
+
+    assert values(loaded.with_head(head)) == values(attr)
+    plain = attribute(model, PROMPTS, method="grad_x_input")  # no head: loads with None
+    assert _roundtrip(plain, tmp_path, "plain.safetensors").target.head is None
 
 
 def test_meta_values_of_every_storable_kind_round_trip(tmp_path):

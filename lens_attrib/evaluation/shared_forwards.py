@@ -44,7 +44,7 @@ from lens_attrib.forward import head_outputs
 from lens_attrib.hooks.routing import pattern_cache_hooks
 from lens_attrib.inputs import pad_id_of
 from lens_attrib.length_buckets import plan_forwards
-from lens_attrib.target import Head
+from lens_attrib.target import Head, check_head_attached
 
 HardKey = tuple[int, tuple[int, ...], int, tuple[int, ...] | None]
 GroupHooks = Callable[[Sequence[int], slice], list[Any]]
@@ -238,6 +238,7 @@ class SharedForwards:
     _hard: dict[HardKey, Tensor] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        check_head_attached(self.head)  # a loaded Attribution's head must be given back first
         self.items = own_items(self.attribution)
         if self.memo is not None and not self.memo.serves(self.model, self.head):
             raise ValueError(
