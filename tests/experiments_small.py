@@ -65,6 +65,42 @@ def experiment_models(models: dict[str, Any]) -> Iterator[None]:
                 common._MODELS[key] = old
 
 
+def faithfulness_on_random_heads(monkeypatch: Any) -> list[dict[str, Any]]:
+    """Set ``experiments.faithfulness`` up to explain MiniLM in float64 with seeded random heads
+    (:func:`random_classifier`), and return the list to which every ``attribute`` call it makes
+    appends ``{"method": ..., **options}`` (``monkeypatch`` undoes all of it)."""
+    from experiments import common, faithfulness
+    from lens_attrib import load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        minilm = load_model("minilm-l6", dtype=torch.float64)
+    monkeypatch.setattr(faithfulness, "load_classifier", random_classifier)
+    monkeypatch.setitem(common._MODELS, ("minilm-l6", "cpu"), minilm)
+    calls: list[dict[str, Any]] = []
+    real = faithfulness.attribute
+
+    def spy(model: Any, inputs: Any, target: Any, *, method: str, **options: Any) -> Any:
+        calls.append({"method": method, **options})
+        return real(model, inputs, target, method=method, **options)
+
+    monkeypatch.setattr(faithfulness, "attribute", spy)
+    return calls
+
+
+def journal_values(path: str | Path) -> dict[tuple, float]:
+    """``(method, item, metric) -> value`` of every record in a gzipped journal."""
+    import gzip
+
+    out = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            unit = json.loads(line)
+            for r in unit.get("records", []):
+                out[(r["method"], r["item"], r["metric"])] = r["value"]
+    return out
+
+
 def random_classifier(name: str, *, model: Any, **_: Any) -> Any:
     """A seeded random linear head on ``model`` in place of the built-in classifier ``name``
     (SST-2: two classes; STS-B: one regression output), read at ``[CLS]``."""

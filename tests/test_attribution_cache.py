@@ -8,8 +8,6 @@ counted; entries keyed by everything that decides the call.
 
 from __future__ import annotations
 
-import gzip
-import json
 import shutil
 import warnings
 from pathlib import Path
@@ -17,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import common
 from experiments.attribution_cache import AttributionCache, code_key
 from lens_attrib import METHODS
 from lens_attrib.backend import arch_of
@@ -147,16 +144,6 @@ def test_an_attribution_the_file_cannot_hold_is_returned_and_not_kept(llama, tmp
     assert not list(tmp_path.iterdir())  # no entry, no partial file
 
 
-def _records(path) -> dict[tuple, float]:
-    out = {}
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            unit = json.loads(line)
-            for r in unit.get("records", []):
-                out[(r["method"], r["item"], r["metric"])] = r["value"]
-    return out
-
-
 def test_a_companion_run_loads_every_attribution_and_writes_the_same_records(
     tmp_path, monkeypatch, capsys
 ):
@@ -165,22 +152,9 @@ def test_a_companion_run_loads_every_attribution_and_writes_the_same_records(
     ``attribute`` for nothing and writes the records of the same run without the cache. IG
     with its ℓ² variant exercises the shared pooled call (``experiments.pooling_share``)."""
     from experiments import faithfulness
-    from lens_attrib import load_model
-    from tests.experiments_small import random_classifier
+    from tests.experiments_small import faithfulness_on_random_heads, journal_values
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        minilm = load_model("minilm-l6", dtype=F64)
-    monkeypatch.setattr(faithfulness, "load_classifier", random_classifier)
-    calls: list[str] = []
-    real = faithfulness.attribute
-
-    def spy(model, inputs, target, *, method, **options):
-        calls.append(method)
-        return real(model, inputs, target, method=method, **options)
-
-    monkeypatch.setattr(faithfulness, "attribute", spy)
-    common._MODELS[("minilm-l6", "cpu")] = minilm
+    calls = faithfulness_on_random_heads(monkeypatch)
     methods = "grad_x_input,integrated_gradients,integrated_gradients[pooling=l2],random"
     cache = tmp_path / "cache"
 
@@ -194,21 +168,21 @@ def test_a_companion_run_loads_every_attribution_and_writes_the_same_records(
                 *("--journal", str(journal), "--ig-max-steps", "64", *extra),
             ]
         )
-        return _records(journal)
+        return journal_values(journal)
+
+    def methods_called() -> list[str]:
+        return sorted(c["method"] for c in calls)
 
     single = sorted(["grad_x_input", "integrated_gradients", "random"])
-    try:
-        run("aopc", "aopc", "--attribution-cache", str(cache))
-        assert sorted(calls) == single  # IG's two units share one pooled call
-        assert "0 Attributions loaded, 3 computed" in capsys.readouterr().out
-        calls.clear()
-        cached = run("curves-cached", "curves", "--attribution-cache", str(cache))
-        assert calls == []  # every Attribution loaded
-        assert "3 Attributions loaded, 0 computed" in capsys.readouterr().out
-        fresh = run("curves", "curves")
-        assert sorted(calls) == single
-    finally:
-        common._MODELS.pop(("minilm-l6", "cpu"), None)
+    run("aopc", "aopc", "--attribution-cache", str(cache))
+    assert methods_called() == single  # IG's two units share one pooled call
+    assert "0 Attributions loaded, 3 computed" in capsys.readouterr().out
+    calls.clear()
+    cached = run("curves-cached", "curves", "--attribution-cache", str(cache))
+    assert calls == []  # every Attribution loaded
+    assert "3 Attributions loaded, 0 computed" in capsys.readouterr().out
+    fresh = run("curves", "curves")
+    assert methods_called() == single
     assert cached.keys() == fresh.keys() and len(cached) > 0
     assert {m for m, _, _ in cached} == set(methods.split(","))
     for key, value in fresh.items():  # deletion_flip is NaN where the prediction never flips

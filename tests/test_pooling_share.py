@@ -6,14 +6,11 @@ a faithfulness run holding both variants writes the records of two runs holding 
 
 from __future__ import annotations
 
-import gzip
-import json
 import warnings
 
 import pytest
 import torch
 
-from experiments import common
 from experiments.pooling_share import PoolingShare, is_pooled, sibling_group
 from lens_attrib.method_variants import base_method
 from lens_attrib.methods.registry import attribute
@@ -97,38 +94,14 @@ def test_two_pooled_siblings_each_need_their_pass_and_feed_the_signed_one(model)
     assert calls == [L1, L2, "integrated_gradients[max_steps=32]"]
 
 
-def _records(path) -> dict[tuple, float]:
-    out = {}
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            unit = json.loads(line)
-            for r in unit.get("records", []):
-                out[(r["method"], r["item"], r["metric"])] = r["value"]
-    return out
-
-
 def test_a_faithfulness_run_with_both_variants_writes_the_records_of_two_runs(
     tmp_path, monkeypatch
 ) -> None:
     """MiniLM in float64 with a seeded random head (``tests/experiments_small.py``)."""
     from experiments import faithfulness
-    from lens_attrib import load_model
-    from tests.experiments_small import random_classifier
+    from tests.experiments_small import faithfulness_on_random_heads, journal_values
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        minilm = load_model("minilm-l6", dtype=F64)
-
-    monkeypatch.setattr(faithfulness, "load_classifier", random_classifier)
-    calls: list[dict] = []
-    real = faithfulness.attribute
-
-    def spy(model, inputs, target, *, method, **options):
-        calls.append({"method": method, **options})
-        return real(model, inputs, target, method=method, **options)
-
-    monkeypatch.setattr(faithfulness, "attribute", spy)
-    common._MODELS[("minilm-l6", "cpu")] = minilm
+    calls = faithfulness_on_random_heads(monkeypatch)
 
     def run(methods: str, name: str):
         journal = tmp_path / name / "records.jsonl.gz"
@@ -140,17 +113,14 @@ def test_a_faithfulness_run_with_both_variants_writes_the_records_of_two_runs(
                 *("--journal", str(journal)),
             ]
         )
-        return _records(journal)
+        return journal_values(journal)
 
-    try:
-        both = run(f"{IG},{L1}", "both")
-        assert [c.get("pooling", "sum") for c in calls] == ["l1"]  # one IG pass
-        calls.clear()
-        signed = run(IG, "signed")
-        pooled = run(L1, "pooled")
-        assert [c.get("pooling", "sum") for c in calls] == ["sum", "l1"]
-    finally:
-        common._MODELS.pop(("minilm-l6", "cpu"), None)
+    both = run(f"{IG},{L1}", "both")
+    assert [c.get("pooling", "sum") for c in calls] == ["l1"]  # one IG pass
+    calls.clear()
+    signed = run(IG, "signed")
+    pooled = run(L1, "pooled")
+    assert [c.get("pooling", "sum") for c in calls] == ["sum", "l1"]
     alone = {**signed, **pooled}
     assert both.keys() == alone.keys()
     assert {m for m, _, _ in both} == {IG, L1}
