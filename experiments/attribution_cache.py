@@ -26,7 +26,8 @@ A changed line of the library, other weights, options, inputs or target never re
 records computed from a loaded Attribution are those of the call itself, because the file holds
 every tensor bit for bit. Entries are written to a temporary file and renamed into place, so
 runs that share a folder never read half an entry; two runs that reach one unit together both
-compute it, and the later rename replaces an equal file. The cache is for CPU runs (a loaded
+compute it, and the later rename replaces an equal file. An entry that cannot be read (damaged
+on disk) is computed again, with a warning, and rewritten. The cache is for CPU runs (a loaded
 Attribution's tensors are on the CPU): :class:`AttributionCache` refuses a model elsewhere.
 
 A unit whose Attribution was loaded journals the CPU seconds of its evaluation and the load, so
@@ -121,8 +122,18 @@ class AttributionCache:
         (a file keeps only that there was one: ``Attribution.with_head``)."""
         path = self.path(method, options, inputs, target)
         if path.exists():
-            self.hits += 1
-            return Attribution.load(path).with_head(head)
+            try:
+                loaded = Attribution.load(path)
+            except Exception as error:  # damaged on disk: computed again and rewritten
+                warnings.warn(
+                    f"--attribution-cache: {path} could not be read ({error}); {method} is "
+                    "computed again and the entry rewritten",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                self.hits += 1
+                return loaded.with_head(head)
         self.misses += 1
         attr = compute()
         handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".partial")

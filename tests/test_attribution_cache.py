@@ -187,3 +187,20 @@ def test_a_companion_run_loads_every_attribution_and_writes_the_same_records(
     assert {m for m, _, _ in cached} == set(methods.split(","))
     for key, value in fresh.items():  # deletion_flip is NaN where the prediction never flips
         assert cached[key] == value or (value != value and cached[key] != cached[key]), key
+
+
+def test_a_damaged_entry_is_computed_again_and_rewritten(llama, tmp_path):
+    cache = AttributionCache(tmp_path, llama, "tiny llama")
+
+    def explain():
+        return attribute(llama, PROMPTS, method="grad_x_input")
+
+    first = cache.get("grad_x_input", {}, PROMPTS, "next token", explain)
+    path = cache.path("grad_x_input", {}, PROMPTS, "next token")
+    path.write_bytes(path.read_bytes()[:100])  # cut short, as by a full disk
+    with pytest.warns(RuntimeWarning, match="could not be read"):
+        again = cache.get("grad_x_input", {}, PROMPTS, "next token", explain)
+    assert torch.equal(first.scores, again.scores)  # computed again (meta["seconds"] differs)
+    assert (cache.hits, cache.misses) == (0, 2)
+    _equal(again, cache.get("grad_x_input", {}, PROMPTS, "next token", explain))  # rewritten
+    assert cache.hits == 1
