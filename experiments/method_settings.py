@@ -5,8 +5,9 @@ Every experiment explains a unit with ``attribute(model, inputs, target, method=
 (:func:`lens_attrib.evaluation.items.method_options`) three methods get table settings here:
 
 - ``value_zeroing``: ``aggregation="mean"`` on decoders (``--vz-aggregation auto``), the mean of
-  the per-layer context-mixing rows — Inseq's aggregation, with which the π-Soft paper (Huang &
-  Chan) ran its value-zeroing baseline on decoders. The authors' rollout (Mohebbi et al.) drains
+  the per-layer context-mixing rows — Inseq's default aggregation; the π-Soft paper (Huang &
+  Chan) ran its baselines through Inseq at their defaults (its App. A), value zeroing among
+  them. The authors' rollout (Mohebbi et al.) drains
   every row of a causal model onto the start token (the method's docstring: ≥ 0.999999 on it in
   every SmolLM2 item). Encoders keep the rollout: the NormXLogit paper (its Figure 6, "the
   inherent limitations of the rollout aggregation") reports value zeroing rolled out on BERT.
@@ -48,9 +49,9 @@ def add_method_setting_arguments(parser: argparse.ArgumentParser) -> None:
         "--vz-aggregation",
         choices=("auto", "rollout", "mean"),
         default="auto",
-        help="value zeroing's layer aggregation: auto (default) = 'mean' on decoders (Inseq's, "
-        "as the π-Soft paper ran it), 'rollout' on encoders (Mohebbi et al., as the NormXLogit "
-        "paper reports it)",
+        help="value zeroing's layer aggregation: auto (default) = 'mean' on decoders (Inseq's "
+        "default, through which the π-Soft paper ran its baselines), 'rollout' on encoders "
+        "(Mohebbi et al., as the NormXLogit paper reports it)",
     )
     parser.add_argument(
         "--ig-max-steps",
@@ -203,8 +204,9 @@ def setting_notes(methods: Sequence[str], model: Any, args: Any) -> list[str]:
     if "value_zeroing" in methods:
         agg = vz_aggregation(model, getattr(args, "vz_aggregation", "auto"))
         why = (
-            "the mean of the per-layer context-mixing rows (Inseq's, as the π-Soft paper ran it "
-            "on decoders; the authors' rollout puts all mass on the start token of a causal model)"
+            "the mean of the per-layer context-mixing rows (Inseq's default, through which the "
+            "π-Soft paper ran its baselines; the authors' rollout puts all mass on the start "
+            "token of a causal model)"
             if agg == "mean"
             else "the authors' rollout of the per-layer context-mixing matrices (Mohebbi et al.)"
         )
