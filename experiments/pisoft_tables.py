@@ -26,7 +26,9 @@ paper, ``../shared/papers/003_*``):
 
 Methods are journal labels (unit-key method parts: ``grad_x_input[pooling=l2]``,
 ``grad_ellm[n_layers=4]``); ``--methods`` picks and orders them, by default every labelled method
-with π-Soft records. The paper's columns map to labels as the π-Soft pages read them (DL, I×G and
+with π-Soft records. Every table reads the items that all shown methods (and random) hold, so
+that a run still going compares methods on the same items (``--each-method-own-items`` reads
+each method's own). The paper's columns map to labels as the π-Soft pages read them (DL, I×G and
 IG to the ℓ²-pooled rows, which pool over the embedding as the paper's Inseq attributions do;
 Sal to the gradient norm); where several labels of one method are shown (a Grad-ELLM depth or a
 ReAGent rule the run later replaced), the one with the most items stands for it.
@@ -43,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.paired import item_values, labelled_records, paired_item_metric
+from experiments.paired import IDENTITY, item_values, labelled_records, paired_item_metric
 from experiments.pi_reach import reach_table
 from lens_attrib.evaluation.stats import MeanCI, bootstrap_ci
 from lens_attrib.method_variants import split_method_list
@@ -393,6 +395,19 @@ def paper_section(records: Records, curves: Records | None, methods: Sequence[st
     return markdown(header, rows)
 
 
+def same_items(records: Records, metric: str) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """The records of the items whose ``metric`` every method holds, and how many of how many."""
+    held = [{key(r) for r in rows if r["metric"] == metric} for rows in records.values()]
+    common = set.intersection(*held)
+    kept = {m: [r for r in rows if key(r) in common] for m, rows in records.items()}
+    return kept, f"{len(common)} items held by every method (of {len(set.union(*held))})"
+
+
+def key(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """An item's identity (task, dataset, mode, specials, item)."""
+    return tuple(record.get(k) for k in IDENTITY[:-1])
+
+
 SECTIONS = ("reach", "dynamic", "fixed", "paired", "per_pi", "raw", "curves", "paper")
 
 
@@ -403,9 +418,15 @@ def pisoft_tables(
     methods: Sequence[str] | None = None,
     n_resamples: int = 10_000,
     sections: Sequence[str] = SECTIONS,
+    common_items: bool = True,
 ) -> dict[str, str]:
     """``{section: Markdown table}`` of the π-Soft run's journal (and the curves run's), plus
-    ``"spearman_soft_ns_retained"`` with the raw section; sections as in the module doc."""
+    ``"spearman_soft_ns_retained"`` with the raw section and ``"items"``, the items read;
+    sections as in the module doc.
+
+    ``common_items``: read only the items that every shown method (and random) holds, so that
+    every row of a table is over the same items while a run is still going; ``False`` reads
+    each method's own items."""
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; choose from {SECTIONS}")
@@ -434,8 +455,17 @@ def pisoft_tables(
             f"the {against_random} tables compare each method with random, and {journal} holds "
             "no π-Soft records of random; leave them out (--sections) or add random to the run"
         )
-    reach = {r["method"]: r for r in reach_table(all_records, REACH_PIS)}
+    read = set(chosen) | ({"random"} & set(soft))
+    records = {m: v for m, v in records.items() if m in read}
     out: dict[str, str] = {}
+    if common_items:
+        records, out["items"] = same_items(records, "pi_soft_ns")
+        if curves is not None:
+            curves, out["curve_items"] = same_items(
+                {m: v for m, v in curves.items() if m in read}, "deletion_flip_auc"
+            )
+    all_records = [r for rows in records.values() for r in rows]
+    reach = {r["method"]: r for r in reach_table(all_records, REACH_PIS)}
     for section in sections:
         if section == "reach":
             out[section] = reach_section(all_records, chosen)
@@ -467,6 +497,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     parser.add_argument("--methods", help="comma-separated journal labels, in the tables' order")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="which tables")
     parser.add_argument(
+        "--each-method-own-items",
+        action="store_true",
+        help="read every item of each method (default: only the items all shown methods hold)",
+    )
+    parser.add_argument(
         "--n-resamples",
         type=int,
         default=10_000,
@@ -483,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
             methods=methods,
             n_resamples=args.n_resamples,
             sections=args.sections.split(","),
+            common_items=not args.each_method_own_items,
         )
     except ValueError as err:
         parser.error(str(err))

@@ -127,6 +127,20 @@ def test_the_paper_column_takes_the_label_with_most_items(synthetic) -> None:
     assert paper["pi_soft_ns"][1].endswith("(3)")  # three of the nine columns are in the run
 
 
+def test_rows_are_over_the_items_every_shown_method_holds(synthetic) -> None:
+    path, values = synthetic
+    both = ["grad_ellm[n_layers=1]", "deeplift[pooling=l2]"]
+    tables = pisoft_tables.pisoft_tables(path, methods=both, n_resamples=10)
+    assert tables["items"] == "10 items held by every method (of 30)"
+    assert {row[1] for row in _table(tables["reach"]).values()} == {"10"}
+    dynamic = _table(tables["dynamic"])["DeepLIFT (ℓ²)"]
+    first_ten = values["deeplift[pooling=l2]"]["pi_soft_ns"][:10]
+    assert _point(dynamic[1]) == pytest.approx(first_ten.mean(), abs=5.1e-4)
+    own = pisoft_tables.pisoft_tables(path, methods=both, n_resamples=10, common_items=False)
+    assert "items" not in own
+    assert {row[1] for row in _table(own["reach"]).values()} == {"10", "30"}
+
+
 def test_bad_requests_name_the_problem(synthetic, tmp_path) -> None:
     path, _ = synthetic
     with pytest.raises(ValueError, match="no π-Soft records of \\['ig'\\]"):
