@@ -195,7 +195,10 @@ def grid_runs(pis: Sequence[float]) -> str:
         if b != a + 1:
             runs.append((start, a))
             start = b if b is not None else start
-    text = lambda k: f"{k * 0.05:.2f}".rstrip("0").rstrip(".")  # noqa: E731
+
+    def text(k: int) -> str:
+        return f"{k * 0.05:.2f}".rstrip("0").rstrip(".")
+
     return ", ".join(text(a) if a == b else f"{text(a)}–{text(b)}" for a, b in runs)
 
 
