@@ -283,9 +283,12 @@ class Attribution:
 
         self.check_item(item)
         if layers and self.layer_scores is None:
+            from lens_attrib.methods.registry import METHODS
+
+            per_layer = ", ".join(repr(n) for n, spec in METHODS.items() if spec.per_layer)
             raise ValueError(
                 f"{self.method!r} has no layer_scores, so plot(layers=True) has nothing to show: "
-                "drop layers=True, or use a per-layer method (e.g. 'alti_logit', 'logit_lens')."
+                f"drop layers=True, or use a per-layer method ({per_layer})."
             )
         if layers or (layers is None and self.layer_scores is not None):
             return plot.layer_heatmap(self, item=item, **kwargs)

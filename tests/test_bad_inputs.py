@@ -606,7 +606,7 @@ BAD_CALLS += [
         "plot layers without layer scores",
         lambda m, b: _attr(m).plot(layers=True),
         ValueError,
-        "no layer_scores",
+        "use a per-layer method ('alti_logit', 'alti', 'rollout'",
     ),
     ("item_scores 3", lambda m, b: _attr(m, 2).item_scores(3), IndexError, "0..1"),
     ("to_html item 7", lambda m, b: _attr(m).to_html(item=7), IndexError, "outside"),

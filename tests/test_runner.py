@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -196,3 +197,21 @@ def test_cli(model, monkeypatch, tmp_path, capsys):
     order = sorted(range(4), key=lambda i: (lengths[i], i))
     assert sorted({r["item"] for r in res.records}) == sorted([order[1], order[3]])
     assert "pointing_game" in capsys.readouterr().out
+
+
+def test_plausibility_metrics_refuse_items_without_evidence(model, dataset):
+    # the linzen task's items name no evidence: every pointing-game record would be NaN
+    bare = [dataclasses.replace(item, evidence_words=()) for item in dataset]
+    with pytest.raises(ValueError, match=r"none of the 5 items names evidence.*linzen"):
+        evaluate(model, bare, ["gradient"], ["comprehensiveness", "pointing_game"], progress=False)
+    kept = evaluate(
+        model, bare, ["gradient"], ["comprehensiveness"], metric_options=OPTS, progress=False
+    )
+    assert "comprehensiveness" in {r["metric"] for r in kept.records}
+    # items with and without evidence mixed: the bare ones are NaN and left out of the mean
+    mixed = [bare[0], *dataset[1:]]
+    res = evaluate(model, mixed, ["gradient"], ["pointing_game"], progress=False)
+    values = {r["item"]: r["value"] for r in res.records if r["metric"] == "pointing_game"}
+    assert math.isnan(values[0]) and all(math.isfinite(values[i]) for i in range(1, 5))
+    (pg,) = [row for row in res.summary if row["metric"] == "pointing_game"]
+    assert pg["n"] == 4 and pg["n_total"] == 5

@@ -96,6 +96,31 @@ def item_evidence(model: Any, item: Any, start_token: StartTokenLike = None) -> 
     return item_evidence_positions(model, item, start_token=start_token)
 
 
+def has_evidence(item: Any) -> bool:
+    """Whether ``item`` names any evidence (positions, words or character spans)."""
+    if getattr(item, "evidence_positions", None) is not None:
+        return len(item.evidence_positions) > 0
+    meta = getattr(item, "meta", None) or {}
+    return bool(getattr(item, "evidence_words", None) or meta.get("evidence_spans"))
+
+
+def check_evidence(dataset: Sequence[Any], metrics: Sequence[str], caller: str) -> None:
+    """Refuse plausibility metrics on items of which none names evidence (e.g. ``linzen``):
+    every record would be NaN. Items with and without evidence mixed stay allowed (the
+    evidence-free ones score NaN and are left out of the means, ``n`` counting the others)."""
+    from lens_attrib.evaluation.metrics import METRICS
+
+    wanted = [m for m in metrics if m in METRICS and METRICS[m].family == "plausibility"]
+    if wanted and dataset and not any(has_evidence(item) for item in dataset):
+        raise ValueError(
+            f"{caller}: the plausibility metrics {wanted} score where the evidence lies, and "
+            f"none of the {len(dataset)} items names evidence (the linzen task has none). "
+            "Choose a task with evidence (sva, ra, blimp_rpsv, blimp_darn, blimp_ana, or items "
+            "with evidence_words / evidence_positions) or perturbation metrics "
+            "(comprehensiveness, sufficiency, soft_ns, pi_soft_ns, deletion_auc, …)."
+        )
+
+
 def explained_target(items: Sequence[Any], target: str, contrastive: bool) -> Target:
     """The Target of a batch: ``"gold"`` explains each item's ``.target`` (minus its ``.foil``
     when ``contrastive``), ``"prediction"`` the model's own prediction."""
@@ -143,7 +168,9 @@ def token_lengths(
 __all__ = [
     "ALIASES",
     "canonical",
+    "check_evidence",
     "explained_target",
+    "has_evidence",
     "is_blimp",
     "item_evidence",
     "load_task",

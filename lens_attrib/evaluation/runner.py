@@ -32,7 +32,12 @@ from typing import Any, Literal
 from lens_attrib.evaluation import distributed
 from lens_attrib.evaluation.batching import BatchSizer, plan_chunks
 from lens_attrib.evaluation.faithfulness import special_ids_of
-from lens_attrib.evaluation.items import explained_target, item_evidence, token_lengths
+from lens_attrib.evaluation.items import (
+    check_evidence,
+    explained_target,
+    item_evidence,
+    token_lengths,
+)
 from lens_attrib.evaluation.items import method_options as seeded
 from lens_attrib.evaluation.journal import Journal
 from lens_attrib.evaluation.loop import (
@@ -112,6 +117,7 @@ def evaluate(
     """
     check_metrics(metrics, "evaluate")
     check_evaluate_args(dataset, methods, batch_size, target)
+    check_evidence(dataset, metrics, "evaluate")
     if max_batch != "auto" and (isinstance(max_batch, str) or max_batch < 1):
         raise ValueError(f"max_batch must be a positive integer or 'auto', got {max_batch!r}")
     if out is not None and Path(out).suffix not in (".json", ".csv"):
