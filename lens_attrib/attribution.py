@@ -31,6 +31,20 @@ _META_NOT_PER_ITEM = {
 """Meta entries that describe the whole call, never one value per item (a generation's
 per-prompt entries included: its items are step rows, ``meta["step_prompt"]`` says whose)."""
 
+PER_LAYER_METHODS = (
+    "alti_logit",
+    "alti",
+    "rollout",
+    "globenc",
+    "grad_ellm",
+    "logat",
+    "normxlogit",
+    "value_zeroing",
+)
+"""The registered methods that return ``layer_scores`` (``MethodSpec.per_layer``; named here, not
+read from the registry, which imports this module; ``tests/test_structure.py`` keeps the two
+equal)."""
+
 _PER_PROMPT = (
     "prompt_length",
     "generated_ids",
@@ -283,9 +297,7 @@ class Attribution:
 
         self.check_item(item)
         if layers and self.layer_scores is None:
-            from lens_attrib.methods.registry import METHODS
-
-            per_layer = ", ".join(repr(n) for n, spec in METHODS.items() if spec.per_layer)
+            per_layer = ", ".join(repr(name) for name in PER_LAYER_METHODS)
             raise ValueError(
                 f"{self.method!r} has no layer_scores, so plot(layers=True) has nothing to show: "
                 f"drop layers=True, or use a per-layer method ({per_layer})."

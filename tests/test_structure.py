@@ -270,6 +270,18 @@ def test_the_heads_error_lists_the_methods_the_specs_give_head_relevances():
         assert name not in with_option | always
 
 
+def test_the_layers_plot_error_lists_the_methods_the_specs_mark_per_layer():
+    from lens_attrib.attribution import PER_LAYER_METHODS
+
+    assert set(PER_LAYER_METHODS) == {n for n, s in METHODS.items() if s.per_layer}
+    attr = attribute(tiny_gpt2(), "the dog", method="gradient")
+    with pytest.raises(ValueError, match="per-layer method") as info:
+        attr.plot(layers=True)
+    assert set(re.findall(r"'(\w+)'", str(info.value).split("per-layer method")[1])) == set(
+        PER_LAYER_METHODS
+    )
+
+
 def test_cli_types_check_before_anything_loads():
     import argparse
 
