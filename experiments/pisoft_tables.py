@@ -233,8 +233,7 @@ def paper_methods(methods: Sequence[str], records: Records) -> list[str | None]:
     return out
 
 
-def reach_section(all_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
-    reach = {r["method"]: r for r in reach_table(all_records, REACH_PIS)}
+def reach_section(reach: Mapping[str, Any], methods: Sequence[str]) -> str:
     rows = [
         [
             display_name(m),
@@ -471,7 +470,7 @@ def pisoft_tables(
     reach = {r["method"]: r for r in reach_table(all_records, REACH_PIS)}
     for section in sections:
         if section == "reach":
-            out[section] = reach_section(all_records, chosen)
+            out[section] = reach_section(reach, chosen)
         elif section in ("dynamic", "fixed"):
             suffix = "_fixed" if section == "fixed" else ""
             out[section] = routing_section(records, reach, chosen, suffix, n_resamples)

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lens_attrib.evaluation.metrics import METRICS
 from lens_attrib.inputs import StartToken, StartTokenLike, prompt_ids, to_batch
 from lens_attrib.target import Target
 
@@ -108,8 +109,6 @@ def check_evidence(dataset: Sequence[Any], metrics: Sequence[str], caller: str) 
     """Refuse plausibility metrics on items of which none names evidence (e.g. ``linzen``):
     every record would be NaN. Items with and without evidence mixed stay allowed (the
     evidence-free ones score NaN and are left out of the means, ``n`` counting the others)."""
-    from lens_attrib.evaluation.metrics import METRICS
-
     wanted = [m for m in metrics if m in METRICS and METRICS[m].family == "plausibility"]
     if wanted and dataset and not any(has_evidence(item) for item in dataset):
         raise ValueError(
