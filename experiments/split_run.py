@@ -11,8 +11,11 @@ processes) is split by method. This does what the manual recipe of ``merge_journ
    remaining cost, largest first onto the least loaded group (longest-processing-time rule). A
    method's remaining cost is its measured CPU seconds per item in the journal
    (:mod:`experiments.run_costs`, CPU units only) times the items it still lacks (the manifest's
-   ``n`` per task / dataset, less those journaled on any device). A method not measured yet is
-   priced at the median of those that are; without any measurement every method weighs 1.
+   ``n`` per task / dataset, less those journaled on any device). Where several journal labels
+   match one requested method (a variant abandoned mid-run, e.g. a Grad-ELLM depth from before
+   its tuning), the label journaled last in each task / dataset is the one counted and priced.
+   A method not measured yet is priced at the median of those that are; without any
+   measurement every method weighs 1.
    Methods that share one pass in a process (a signed Integrated Gradients and its pooled
    variant, :mod:`experiments.pooling_share`) are dealt as one bundle: split apart, each
    process would integrate the same path. The journal books that pass under one of them, so a
@@ -131,11 +134,13 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
     lines = read_lines(journal, repair=True)
     n = lines[0].get("n") if lines else None
     done: dict[str, dict[str, set[int]]] = {}  # label -> where -> items, on any device
-    for line in lines[1:]:
+    latest: dict[tuple[str, str], int] = {}  # (label, where) -> its last unit's line
+    for number, line in enumerate(lines[1:]):
         if line.get("kind") == "batch":
             where, label = split_key(line["method"])
             if not label.startswith(ONE_OFF):
                 done.setdefault(label, {}).setdefault(where, set()).update(line["items"])
+                latest[label, where] = number
     spent: dict[str, list[float]] = {}  # label -> CPU seconds, items (the CPU units, run_costs)
     for row in cost_table(journal):
         if row["method"] not in ONE_OFF:
@@ -146,21 +151,28 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
     rates: dict[str, float | None] = {}
     left: dict[str, float] = {}
     for method in methods:
-        labels = [lab for lab in done if lab == method] or [
+        matching = [lab for lab in done if lab == method] or [
             lab for lab in done if _label_matches(method, lab) and lab not in methods
         ]
+        # per task / dataset, the label the run resolves the spec to now: the one journaled
+        # last (an abandoned variant, e.g. a Grad-ELLM depth from before the tuning, stops
+        # getting units)
+        current: dict[str, str] = {}
+        for where in wheres:
+            journaled = [(latest[lab, where], lab) for lab in matching if (lab, where) in latest]
+            if journaled:
+                current[where] = max(journaled)[1]
+        labels = sorted(set(current.values()))
         measured = [spent[lab] for lab in labels if lab in spent and spent[lab][1] > 0]
         rates[method] = (
             sum(s for s, _ in measured) / sum(i for _, i in measured) if measured else None
         )
         if not isinstance(n, int):
             left[method] = 1.0
-        elif not labels:
-            left[method] = float(n * len(wheres))
-        else:  # the least advanced label (a journal may hold an abandoned variant's units)
-            left[method] = max(
-                sum(max(0.0, n - len(done[lab].get(where, ()))) for where in wheres)
-                for lab in labels
+        else:
+            left[method] = sum(
+                max(0.0, n - len(done[current[where]][where])) if where in current else n
+                for where in wheres
             )
     known = [r for r in rates.values() if r is not None]
     if not known:

@@ -276,3 +276,25 @@ def test_the_split_plan_prints_and_leaves_out_the_skipped_methods(tmp_path, caps
     report = split_run.split_run([*command, "--model", "smollm2-135m"], 2)
     assert sorted(m for g in report.groups for m in g) == ["a", "slow"]
     assert "(the run skips them): decompx, globenc" in capsys.readouterr().out
+
+
+def test_an_abandoned_variant_is_neither_counted_nor_priced(tmp_path):
+    """A spec that matches two journal labels (a Grad-ELLM depth used before the tuning chose
+    another) is priced by the label journaled last in each dataset: its items and its rate."""
+    journal = Journal.open(tmp_path / "records.jsonl.gz", {"experiment": "fake", "n": 6})
+    units = (  # (where, label, items, CPU seconds), in journal order
+        ("d", "grad_ellm[n_layers=1]", [0, 1], 1.0),  # abandoned at depth 1: 0.5 CPU-s per item
+        ("d", "grad_ellm[n_layers=4]", [0, 1], 4.0),  # the tuned depth: 2 CPU-s per item
+        ("d", "grad_ellm[n_layers=4]", [2, 3], 4.0),
+        ("e", "grad_ellm[n_layers=1]", [0, 1, 2], 1.5),  # where depth 1 is the current one
+    )
+    for where, label, items, cpu in units:
+        journal.append(f"{where}:ids|{label}", items, [{"item": i} for i in items],
+                       batch_size=len(items), bucket=0,
+                       info={"cpu_s": cpu, "wall_s": cpu, "device": "cpu"})  # fmt: skip
+    costs, measured = split_run.remaining_costs(["grad_ellm"], journal.path)
+    # d lacks items 4, 5 of depth 4; e lacks 3, 4, 5 of depth 1; both labels' units price them:
+    # (1.0 + 4.0 + 4.0 + 1.5) CPU-s / (2 + 2 + 2 + 3) items
+    assert measured and costs["grad_ellm"] == pytest.approx((2 + 3) * 10.5 / 9)
+    costs, _ = split_run.remaining_costs(["grad_ellm[n_layers=4]"], journal.path)
+    assert costs == {"grad_ellm[n_layers=4]": pytest.approx((2 + 6) * 8.0 / 4)}
