@@ -13,7 +13,8 @@ processes) is split by method. This does what the manual recipe of ``merge_journ
    (:mod:`experiments.run_costs`, CPU units only) times the items it still lacks (the manifest's
    ``n`` per task / dataset, less those journaled on any device). Where several journal labels
    match one requested method (a variant abandoned mid-run, e.g. a Grad-ELLM depth from before
-   its tuning), the label journaled last in each task / dataset is the one counted and priced.
+   its tuning), the label journaled last in each task / dataset is the one whose items are
+   counted and whose units there give the rate.
    A method not measured yet is priced at the median of those that are; without any
    measurement every method weighs 1.
    Methods that share one pass in a process (a signed Integrated Gradients and its pooled
@@ -141,10 +142,10 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
             if not label.startswith(ONE_OFF):
                 done.setdefault(label, {}).setdefault(where, set()).update(line["items"])
                 latest[label, where] = number
-    spent: dict[str, list[float]] = {}  # label -> CPU seconds, items (the CPU units, run_costs)
+    spent: dict[tuple[str, str], list[float]] = {}  # (label, where) -> CPU s, items (CPU units)
     for row in cost_table(journal):
         if row["method"] not in ONE_OFF:
-            acc = spent.setdefault(row["method"], [0.0, 0.0])
+            acc = spent.setdefault((row["method"], row["where"]), [0.0, 0.0])
             acc[0] += row["cpu_s"]
             acc[1] += row["items"]
     wheres = {w for per in done.values() for w in per} or {""}
@@ -162,8 +163,11 @@ def remaining_costs(methods: Sequence[str], journal: Path | None) -> tuple[dict[
             journaled = [(latest[lab, where], lab) for lab in matching if (lab, where) in latest]
             if journaled:
                 current[where] = max(journaled)[1]
-        labels = sorted(set(current.values()))
-        measured = [spent[lab] for lab in labels if lab in spent and spent[lab][1] > 0]
+        measured = [
+            spent[label, where]
+            for where, label in current.items()
+            if (label, where) in spent and spent[label, where][1] > 0
+        ]
         rates[method] = (
             sum(s for s, _ in measured) / sum(i for _, i in measured) if measured else None
         )

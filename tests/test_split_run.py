@@ -280,7 +280,8 @@ def test_the_split_plan_prints_and_leaves_out_the_skipped_methods(tmp_path, caps
 
 def test_an_abandoned_variant_is_neither_counted_nor_priced(tmp_path):
     """A spec that matches two journal labels (a Grad-ELLM depth used before the tuning chose
-    another) is priced by the label journaled last in each dataset: its items and its rate."""
+    another) is priced by the label journaled last in each dataset: its items, and its units there
+    for the rate."""
     journal = Journal.open(tmp_path / "records.jsonl.gz", {"experiment": "fake", "n": 6})
     units = (  # (where, label, items, CPU seconds), in journal order
         ("d", "grad_ellm[n_layers=1]", [0, 1], 1.0),  # abandoned at depth 1: 0.5 CPU-s per item
@@ -293,8 +294,8 @@ def test_an_abandoned_variant_is_neither_counted_nor_priced(tmp_path):
                        batch_size=len(items), bucket=0,
                        info={"cpu_s": cpu, "wall_s": cpu, "device": "cpu"})  # fmt: skip
     costs, measured = split_run.remaining_costs(["grad_ellm"], journal.path)
-    # d lacks items 4, 5 of depth 4; e lacks 3, 4, 5 of depth 1; both labels' units price them:
-    # (1.0 + 4.0 + 4.0 + 1.5) CPU-s / (2 + 2 + 2 + 3) items
-    assert measured and costs["grad_ellm"] == pytest.approx((2 + 3) * 10.5 / 9)
+    # d lacks items 4, 5 of depth 4; e lacks 3, 4, 5 of depth 1; the current units price them,
+    # not d's depth-1 unit: (4.0 + 4.0 + 1.5) CPU-s / (2 + 2 + 3) items
+    assert measured and costs["grad_ellm"] == pytest.approx((2 + 3) * 9.5 / 7)
     costs, _ = split_run.remaining_costs(["grad_ellm[n_layers=4]"], journal.path)
     assert costs == {"grad_ellm[n_layers=4]": pytest.approx((2 + 6) * 8.0 / 4)}
